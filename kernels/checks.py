@@ -1,0 +1,41 @@
+"""Input validation shared by the fused operators: each check raises ValueError naming the argument,
+what was given and what is expected, so a user can fix the call without reading kernel code."""
+from collections.abc import Iterable
+
+import torch
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ValueError(message) unless condition holds."""
+    if not condition:
+        raise ValueError(message)
+
+
+def require_rank(op: str, name: str, t: torch.Tensor, ranks: int | Iterable[int]) -> None:
+    allowed = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    require(t.dim() in allowed, f"{op}: `{name}` must have rank {' or '.join(map(str, allowed))}, "
+                                f"got shape {tuple(t.shape)} (rank {t.dim()})")
+
+
+def require_dtype(op: str, name: str, t: torch.Tensor, dtypes: Iterable[torch.dtype]) -> None:
+    allowed = tuple(dtypes)
+    require(t.dtype in allowed, f"{op}: `{name}` has dtype {t.dtype}; expected one of "
+                                f"{', '.join(str(d) for d in allowed)}")
+
+
+def require_choice(op: str, name: str, value: object, choices: Iterable[object]) -> None:
+    allowed = tuple(choices)
+    require(value in allowed, f"{op}: `{name}`={value!r} is not supported; use one of {list(allowed)}")
+
+
+def require_positive(op: str, name: str, value: int) -> None:
+    require(value > 0, f"{op}: `{name}` must be > 0, got {value}")
+
+
+def require_divisible(op: str, name: str, size: int, block: int) -> None:
+    require(size % block == 0, f"{op}: `{name}` size {size} is not divisible by the block size {block}; "
+                               f"pad it to a multiple of {block}")
+
+
+def require_same(op: str, what: str, a: object, b: object) -> None:
+    require(a == b, f"{op}: {what} disagree: {a} vs {b}")

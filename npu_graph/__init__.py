@@ -1,0 +1,7 @@
+"""ascend-dsa: a torch.compile backend (`backend="ascend_dsa"`) for sparse and hybrid LLMs.
+
+Importing npu_graph registers the `torch.ops.ascend_dsa.*` fused operators.
+"""
+from npu_graph import kernels  # noqa: F401  (registers torch.ops.ascend_dsa)
+
+__version__ = "0.1.0"

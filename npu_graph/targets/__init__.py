@@ -1,0 +1,1 @@
+"""Lowering of a finished graph for a device: cpu (default) and npu."""

@@ -1,0 +1,2 @@
+"""Graph passes, one per module. Each exposes `run(gm, ctx) -> PassResult`; the order lives in
+npu_graph.pipeline."""

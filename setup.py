@@ -1,0 +1,36 @@
+"""Distribution `ascend-dsa`: the `ascend_dsa` torch.compile backend, importable as `npu_graph`.
+
+The folders passes/, kernels/ and tools/ are installed as npu_graph.passes, npu_graph.kernels and
+npu_graph.tools; no top-level package with those names is ever installed.
+"""
+from setuptools import setup
+
+setup(
+    name="ascend-dsa",
+    version="0.1.0",
+    description="torch.compile backend for sparse and hybrid LLMs on Ascend NPUs (runs on any CPU)",
+    python_requires=">=3.10",
+    packages=[
+        "npu_graph",
+        "npu_graph.models",
+        "npu_graph.targets",
+        "npu_graph.passes",
+        "npu_graph.kernels",
+        "npu_graph.tools",
+    ],
+    package_dir={
+        "npu_graph": "npu_graph",
+        "npu_graph.passes": "passes",
+        "npu_graph.kernels": "kernels",
+        "npu_graph.tools": "tools",
+    },
+    install_requires=["torch>=2.6", "rich>=13"],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6", "transformers==5.23.0", "ruff"],
+        "npu": ["torch_npu"],
+    },
+    entry_points={
+        "torch_dynamo_backends": ["ascend_dsa = npu_graph.backend:ascend_dsa"],
+        "console_scripts": ["ascend-dsa = npu_graph.tools.cli:main"],
+    },
+)

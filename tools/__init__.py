@@ -1,0 +1,1 @@
+"""The `ascend-dsa` command line: demo, bench, inspect, cache."""
