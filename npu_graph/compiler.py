@@ -1,0 +1,64 @@
+"""compile_graph: one captured ATen graph -> pipeline -> target lowering -> CompiledGraph, with its report
+and dump. Every step is named so a failure says where it happened."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx
+
+from npu_graph.config import CompilerConfig
+from npu_graph.dump import GraphDump
+from npu_graph.pass_api import PassContext
+from npu_graph.pipeline import run_pipeline
+from npu_graph.report import GraphReport, fused_op_counts
+from npu_graph.runtime import CompiledGraph
+from npu_graph.targets import cpu
+
+
+class CompileStepError(RuntimeError):
+    """Compilation failed in a named step (a pass name, "lower", ...)."""
+
+    def __init__(self, step: str, cause: BaseException):
+        super().__init__(f"step {step!r} failed: {type(cause).__name__}: {cause}")
+        self.step = step
+
+
+def _fake_mode(example_inputs: Sequence[Any]) -> Any:
+    return torch._guards.detect_fake_mode(list(example_inputs))
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,
+                  report: GraphReport) -> CompiledGraph:
+    """Run the pipeline on an AOT graph and lower it; fills `report` and writes the dump."""
+    start = time.perf_counter()
+    dump = GraphDump.create(config.debug.graph_dump.path, report.name) if config.debug.graph_dump.path \
+        else None
+    report.dump_folder = dump.folder if dump else None
+    report.nodes_before = len(gm.graph.nodes)
+    for node in gm.graph.nodes:
+        node.meta.setdefault("created_by", "capture")
+    if dump:
+        dump.write_stage(0, "captured", gm, {})
+    ctx = PassContext(config=config, target=config.target, inference=report.inference,
+                      fake_mode=_fake_mode(example_inputs), dump=dump, graph_name=report.name)
+    try:
+        records = run_pipeline(gm, ctx)
+    except Exception as exc:
+        raise CompileStepError(getattr(exc, "pass_name", "pipeline"), exc) from exc
+    report.passes = [r.to_json() for r in records]
+    report.timings_ms["passes"] = sum(r.ms for r in records)
+    lower_start = time.perf_counter()
+    try:
+        compiled = cpu.lower(gm, report.name)
+    except Exception as exc:
+        raise CompileStepError("lower", exc) from exc
+    report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3
+    report.nodes_after = len(gm.graph.nodes)
+    report.fused_ops = fused_op_counts(gm)
+    report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
+    if dump:
+        dump.write_text("compiled.py", compiled.source)
+        dump.write_summary(report.to_json())
+    return compiled

@@ -1,0 +1,230 @@
+"""CompilerConfig: every setting of the ascend_dsa backend, in torchair-style nested groups.
+
+Three sources, applied in this order: defaults, then `ASCEND_DSA_*` environment variables, then the
+`options={...}` a user passes to torch.compile (flat keys from FLAT_OPTIONS, or dotted nested paths such as
+"debug.graph_dump.path"). `ASCEND_DSA_DISABLE_CACHE=1` is a kill switch and wins over options.
+Unknown keys and attributes raise an error that lists the valid ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An option name or value the backend does not accept."""
+
+
+class _StrictGroup:
+    """Dataclass mixin: setting an attribute that is not a field raises, listing the valid fields."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = {f.name for f in dataclasses.fields(self)}
+        if name not in fields:
+            raise ConfigError(f"{type(self).__name__} has no setting {name!r}; valid: {sorted(fields)}")
+        object.__setattr__(self, name, value)
+
+
+@dataclass
+class GraphDumpConfig(_StrictGroup):
+    path: str | None = None
+
+
+@dataclass
+class DebugConfig(_StrictGroup):
+    graph_dump: GraphDumpConfig = field(default_factory=GraphDumpConfig)
+
+
+@dataclass
+class ExperimentalConfig(_StrictGroup):
+    frozen_parameter: bool = False
+    keep_inference_input_mutations: bool = True
+
+
+@dataclass
+class PassesConfig(_StrictGroup):
+    disabled: tuple[str, ...] = ()
+
+
+@dataclass
+class QuantConfig(_StrictGroup):
+    mode: str = "none"
+    indexer: str | None = None
+    kv: str | None = None
+    scale_fmt: str = "fp32"
+
+
+@dataclass
+class LayoutConfig(_StrictGroup):
+    nz: str = "auto"
+
+
+@dataclass
+class StreamsConfig(_StrictGroup):
+    count: int = 3
+
+
+@dataclass
+class SuperKernelConfig(_StrictGroup):
+    enabled: bool = True
+    compiler: str = "python"
+
+
+@dataclass
+class CacheConfig(_StrictGroup):
+    enabled: bool = True
+    dir: str | None = None
+    max_size: int = 2 << 30
+
+
+@dataclass
+class VerifyConfig(_StrictGroup):
+    enabled: bool = False
+    atol: float = 1e-3
+    rtol: float = 1e-3
+
+
+@dataclass
+class CompilerConfig(_StrictGroup):
+    target: str = "cpu"
+    strict: bool = False
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    experimental_config: ExperimentalConfig = field(default_factory=ExperimentalConfig)
+    passes: PassesConfig = field(default_factory=PassesConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    streams: StreamsConfig = field(default_factory=StreamsConfig)
+    superkernel: SuperKernelConfig = field(default_factory=SuperKernelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None = None, env: dict[str, str] | None = None
+                     ) -> CompilerConfig:
+        """Defaults, then environment, then options (flat or dotted keys); validated."""
+        config = cls()
+        env = os.environ if env is None else env
+        for path, value in _env_settings(env).items():
+            config.set(path, value)
+        for key, value in (options or {}).items():
+            config.set(resolve_option(key), value)
+        if env.get("ASCEND_DSA_DISABLE_CACHE", "") not in ("", "0"):
+            config.cache.enabled = False
+        config.validate()
+        return config
+
+    def set(self, path: str, value: Any) -> None:
+        """Set a dotted path such as "debug.graph_dump.path"."""
+        *groups, leaf = path.split(".")
+        target: Any = self
+        for g in groups:
+            target = getattr(target, g)
+        if leaf == "disabled" and isinstance(value, str):
+            value = (value,)
+        elif isinstance(value, list):
+            value = tuple(value)
+        setattr(target, leaf, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def key(self) -> str:
+        """Canonical JSON of every setting: equal configs give equal keys."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
+    def validate(self) -> None:
+        for path, allowed in _CHOICES.items():
+            value = self.get(path)
+            if value not in allowed:
+                raise ConfigError(f"option {path}={value!r} is not valid; use one of {list(allowed)}")
+        if not isinstance(self.streams.count, int) or self.streams.count < 1:
+            raise ConfigError(f"option streams={self.streams.count!r} must be an integer >= 1")
+        _validate_disabled(self.passes.disabled)
+
+    def get(self, path: str) -> Any:
+        target: Any = self
+        for part in path.split("."):
+            target = getattr(target, part)
+        return target
+
+
+FLAT_OPTIONS: dict[str, str] = {
+    "dump_dir": "debug.graph_dump.path",
+    "cache": "cache.enabled",
+    "cache_dir": "cache.dir",
+    "max_cache_size": "cache.max_size",
+    "verify": "verify.enabled",
+    "verify_atol": "verify.atol",
+    "verify_rtol": "verify.rtol",
+    "strict": "strict",
+    "target": "target",
+    "disabled_passes": "passes.disabled",
+    "quant": "quant.mode",
+    "streams": "streams.count",
+    "superkernel": "superkernel.enabled",
+    "superkernel_compiler": "superkernel.compiler",
+    "nz": "layout.nz",
+    "frozen_parameter": "experimental_config.frozen_parameter",
+}
+
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "target": ("cpu", "npu"),
+    "strict": (True, False),
+    "quant.mode": ("none", "dsa"),
+    "quant.indexer": (None, "none", "mxfp8"),
+    "quant.kv": (None, "none", "fp8_block128"),
+    "quant.scale_fmt": ("fp32", "ue8m0"),
+    "layout.nz": ("auto", "off"),
+    "superkernel.enabled": (True, False),
+    "superkernel.compiler": ("python", "inductor"),
+    "cache.enabled": (True, False),
+    "verify.enabled": (True, False),
+}
+
+
+def _nested_paths(obj: Any = None, prefix: str = "") -> list[str]:
+    obj = CompilerConfig() if obj is None else obj
+    paths = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            paths += _nested_paths(value, f"{prefix}{f.name}.")
+        else:
+            paths.append(prefix + f.name)
+    return paths
+
+
+def valid_option_names() -> list[str]:
+    """Every name `options` accepts: the flat keys, then the dotted nested paths."""
+    return sorted(FLAT_OPTIONS) + _nested_paths()
+
+
+def resolve_option(key: str) -> str:
+    """Map a user's option key to its nested path, or raise listing the valid keys."""
+    if key in FLAT_OPTIONS:
+        return FLAT_OPTIONS[key]
+    if key in _nested_paths():
+        return key
+    raise ConfigError(
+        f"unknown ascend_dsa option {key!r}. Valid flat options: {', '.join(sorted(FLAT_OPTIONS))}; "
+        f"nested paths: {', '.join(_nested_paths())}")
+
+
+def _env_settings(env: dict[str, str]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if env.get("ASCEND_DSA_DUMP_DIR"):
+        settings["debug.graph_dump.path"] = env["ASCEND_DSA_DUMP_DIR"]
+    if env.get("ASCEND_DSA_CACHE_DIR"):
+        settings["cache.dir"] = env["ASCEND_DSA_CACHE_DIR"]
+    return settings
+
+
+def _validate_disabled(disabled: tuple[str, ...]) -> None:
+    from npu_graph.pipeline import pass_names
+
+    unknown = [name for name in disabled if name not in pass_names()]
+    if unknown:
+        raise ConfigError(f"disabled_passes names unknown passes {unknown}; passes are {pass_names()}")

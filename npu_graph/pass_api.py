@@ -1,0 +1,25 @@
+"""What every graph pass receives and returns: PassContext in, PassResult out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PassResult:
+    """What a pass did: whether the graph changed, and counts worth showing (matches, removals...)."""
+
+    changed: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PassContext:
+    """What a pass may read: the config, the target, whether the graph is inference-only, the dump."""
+
+    config: Any
+    target: str = "cpu"
+    inference: bool = True
+    fake_mode: Any = None
+    dump: Any = None
+    graph_name: str = "graph"

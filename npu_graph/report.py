@@ -1,0 +1,48 @@
+"""GraphReport: what the compiler did to one graph; the source of summary.json and the demo tables."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+FUSED_NAMESPACE = "ascend_dsa"
+
+
+def fused_op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """{op name: count} of the `torch.ops.ascend_dsa.*` calls in a graph."""
+    counts: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target.namespace == FUSED_NAMESPACE:
+            counts[target._opname] += 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass
+class GraphReport:
+    name: str
+    inference: bool
+    target: str
+    nodes_before: int = 0
+    nodes_after: int = 0
+    fused_ops: dict[str, int] = field(default_factory=dict)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    cache: str = "bypass"
+    cache_reason: str = ""
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    dump_folder: str | None = None
+    fallback: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "graph": self.name, "inference": self.inference, "target": self.target,
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "fused_ops": self.fused_ops, "passes": self.passes,
+            "cache": self.cache, "cache_reason": self.cache_reason,
+            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
+            "fallback": self.fallback, **self.extra,
+        }

@@ -1,0 +1,105 @@
+"""canonicalize: remove no-op operations, collapse view chains and drop dead code.
+
+Rules (each counted in the pass stats):
+- `noop_view`: view/reshape/_unsafe_view/expand to the shape the input already has;
+- `view_chain`: view(view(x, a), b) -> view(x, b);
+- `noop_copy`: clone/_to_copy/alias that changes nothing (same dtype, device, shape) where the copy is
+  not needed for aliasing: neither side is a graph input, a graph output or written in place;
+- `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
+- `double_transpose`: t(t(x)) -> x;
+- `dead_code`: nodes whose results are unused (side-effecting nodes are kept).
+Shapes are compared only when they are equal for every value of the symbolic sizes.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from npu_graph.pass_api import PassContext, PassResult
+
+NAME = "canonicalize"
+INFERENCE_ONLY = False
+
+aten = torch.ops.aten
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+_COPIES = {aten.clone.default, aten._to_copy.default, aten.alias.default}
+_IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dim() != b.dim():
+        return False
+    return all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape))
+
+
+def _same_tensor_type(node: torch.fx.Node, source: object) -> bool:
+    out, inp = _val(node), _val(source)
+    return (out is not None and inp is not None and out.dtype == inp.dtype
+            and out.device == inp.device and _same_shape(out, inp))
+
+
+def _mutated_or_boundary(node: torch.fx.Node) -> bool:
+    if node.op == "placeholder":
+        return True
+    for user in node.users:
+        if user.op == "output":
+            return True
+        if user.target == aten.copy_.default and user.args[0] is node:
+            return True
+    return False
+
+
+def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
+    """The rule that makes `node` redundant and the node to use instead, if any."""
+    target, args = node.target, node.args
+    if (target in _VIEWS or target == aten.expand.default) and _same_tensor_type(node, args[0]):
+        return "noop_view", args[0]
+    if target in _COPIES and _same_tensor_type(node, args[0]) and _plain_copy(node) \
+            and not (_mutated_or_boundary(node) or _mutated_or_boundary(args[0])):
+        return "noop_copy", args[0]
+    if target in _IDENTITY and len(args) == 2 and args[1] == _IDENTITY[target] and not node.kwargs \
+            and _same_tensor_type(node, args[0]):
+        return "identity_arith", args[0]
+    if target == aten.t.default and getattr(args[0], "target", None) == aten.t.default:
+        return "double_transpose", args[0].args[0]
+    return None
+
+
+def _plain_copy(node: torch.fx.Node) -> bool:
+    fmt = node.kwargs.get("memory_format")
+    return fmt in (None, torch.preserve_format) and not node.kwargs.get("non_blocking", False)
+
+
+def _collapse_view_chain(node: torch.fx.Node) -> bool:
+    source = node.args[0]
+    if node.target in _VIEWS and getattr(source, "target", None) in _VIEWS:
+        node.args = (source.args[0], *node.args[1:])
+        return True
+    return False
+
+
+def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
+    counts: Counter[str] = Counter()
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if _collapse_view_chain(node):
+            counts["view_chain"] += 1
+        found = _replacement(node)
+        if found is not None:
+            rule, source = found
+            node.replace_all_uses_with(source)
+            counts[rule] += 1
+    before = len(gm.graph.nodes)
+    gm.graph.eliminate_dead_code()
+    counts["dead_code"] += before - len(gm.graph.nodes)
+    stats = {rule: n for rule, n in counts.items() if n}
+    return PassResult(changed=bool(stats), stats=stats)

@@ -1,0 +1,75 @@
+"""canonicalize: each rule fires where it should, never where the copy or view is needed, and keeps
+numerics; symbolic shapes are handled."""
+import pytest
+import torch
+from npu_graph.passes import canonicalize
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from npu_graph.config import CompilerConfig
+from npu_graph.pass_api import PassContext
+
+aten = torch.ops.aten
+
+
+def run_pass(fn, *args, mode="fake"):
+    gm = make_fx(fn, tracing_mode=mode)(*args)
+    expected = fn(*args)
+    result = canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    gm.recompile()
+    torch.testing.assert_close(gm(*args), expected)
+    return gm, result.stats
+
+
+def targets(gm):
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_noop_view_and_view_chain():
+    gm, stats = run_pass(lambda x: (x.view(4, 6).view(24).view(4, 6) + 1).reshape(2, 12), torch.randn(4, 6))
+    assert stats["noop_view"] >= 1 and stats["view_chain"] >= 1
+    views = [n for n in gm.graph.nodes if n.target in (aten.view.default, aten.reshape.default)]
+    assert len(views) == 1
+
+
+def test_identity_arithmetic_removed_but_promotion_kept():
+    gm, stats = run_pass(lambda x: (x * 1 + 0) / 1 - 0, torch.randn(3, 5))
+    assert stats["identity_arith"] == 4 and not targets(gm) & {aten.mul.Tensor, aten.add.Tensor}
+    gm, stats = run_pass(lambda x: x * 1.0, torch.arange(6))
+    assert "identity_arith" not in stats and aten.mul.Tensor in targets(gm)
+
+
+def test_noop_copy_removed_only_when_not_needed_for_aliasing():
+    gm, stats = run_pass(lambda x: (x + 1).clone().relu(), torch.randn(4))
+    assert stats["noop_copy"] == 1 and aten.clone.default not in targets(gm)
+    gm, stats = run_pass(lambda x: x.clone(), torch.randn(4))
+    assert "noop_copy" not in stats and aten.clone.default in targets(gm)
+    gm, stats = run_pass(lambda x: (x + 1).to(torch.float64).sum(), torch.randn(4))
+    assert aten._to_copy.default in targets(gm)
+
+
+def test_double_transpose_and_dead_code():
+    def f(x):
+        unused = x.exp()  # noqa: F841
+        return x.t().t() @ x.t()
+
+    gm, stats = run_pass(f, torch.randn(3, 3))
+    assert stats["double_transpose"] == 1 and stats["dead_code"] >= 1 and aten.exp.default not in targets(gm)
+
+
+def test_symbolic_shapes_only_removed_when_provably_equal():
+    gm, stats = run_pass(lambda x: x.reshape(x.shape[0], x.shape[1]) + x.reshape(x.shape[1], x.shape[0]).sum(),
+                         torch.randn(6, 5), mode="symbolic")
+    assert stats.get("noop_view", 0) == 1 and aten.view.default in targets(gm)
+
+
+def test_nothing_to_do_reports_unchanged():
+    gm = make_fx(lambda x: x.relu())(torch.randn(3))
+    result = canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    assert not result.changed and result.stats == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_outputs_stay_distinct_tensors(dtype):
+    gm, _ = run_pass(lambda x: ((x + 1).clone(), x + 1), torch.randn(4, dtype=dtype))
+    a, b = gm(torch.randn(4, dtype=dtype))
+    assert a.data_ptr() != b.data_ptr()
