@@ -1,0 +1,60 @@
+"""`ascend-dsa bench SUITE`: run a benchmark suite and print its table or JSON.
+
+A suite is a function `run(args) -> dict` returning {"suite", "rows": [...], "notes": [...]}; each row is a
+flat dict of measured figures. Timings inside a suite are taken side by side (tools.timing).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+SUITES = {
+    "e2e": "npu_graph.tools.bench_e2e",
+    "kernels": "npu_graph.tools.bench_kernels",
+}
+
+
+def machine_info() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.machine()}
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    rows = result["rows"]
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    table = Table(title=f"ascend-dsa bench {result['suite']}")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("case", "backend", "candidate") else "right")
+    for row in rows:
+        table.add_row(*[_cell(row.get(c)) for c in columns])
+    console.print(table)
+    for note in result.get("notes", []):
+        console.print(f"- {note}")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return "" if value is None else str(value)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.suite not in SUITES:
+        print(f"unknown bench suite {args.suite!r}; choose one of {sorted(SUITES)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUITES[args.suite])
+    result = module.run(args)
+    result["machine"] = machine_info()
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print_table(result, Console())
+    return 0

@@ -1,0 +1,41 @@
+"""The `ascend-dsa` command line (also `python -m npu_graph`): demo and bench; later inspect and cache."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ascend-dsa", description="ascend_dsa torch.compile backend tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compile the reference model on CPU and show what the compiler did")
+    demo.add_argument("--config", default="small", help="reference model config (tiny, small)")
+    demo.add_argument("--prompt-len", type=int, default=512, help="prefill length")
+    demo.add_argument("--steps", type=int, default=8, help="decode steps")
+    demo.add_argument("--dump-dir", default=None, help="dump folder (default: a new temporary folder)")
+    demo.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench = sub.add_parser("bench", help="benchmarks measured side by side (ours vs eager vs Inductor)")
+    bench.add_argument("suite", help="suite name: e2e, kernels")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("ASCEND_DSA_LOG_LEVEL", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from npu_graph.tools.demo import run_demo
+
+        return run_demo(args)
+    from npu_graph.tools.bench import run_bench
+
+    return run_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
