@@ -1,0 +1,45 @@
+"""The ascend-dsa command line as a user runs it: demo output, module entry, bench errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from npu_graph.tools import bench_e2e
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "npu_graph", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_demo_tiny_json(tmp_path):
+    p = run_cli("demo", "--config", "tiny", "--prompt-len", "40", "--steps", "3", "--json",
+                "--dump-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert result["greedy_tokens_equal"]
+    assert result["max_abs_diff_prefill"] < 1e-4 and result["max_abs_diff_decode"] < 1e-4
+    assert len(result["graphs"]) >= 2 and all(g["nodes_after"] <= g["nodes_before"] for g in result["graphs"])
+    assert result["dump_dir"] == str(tmp_path) and list(tmp_path.glob("*/summary.json"))
+
+
+def test_demo_table_mentions_dump_and_graphs(tmp_path):
+    p = run_cli("demo", "--config", "tiny", "--prompt-len", "24", "--steps", "2", "--dump-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "graphs compiled by ascend_dsa" in p.stdout and str(tmp_path) in p.stdout.replace("\n", "")
+
+
+def test_unknown_bench_suite_is_a_clear_error():
+    p = run_cli("bench", "nope")
+    assert p.returncode == 2 and "unknown bench suite 'nope'" in p.stderr and "e2e" in p.stderr
+
+
+@pytest.mark.slow
+def test_e2e_case_measures_every_backend():
+    model = bench_e2e.build_model("tiny")
+    ids = bench_e2e.torch.randint(0, 256, (1, 32))
+    rows = bench_e2e.measure_case("tiny prefill", model, ids, 0, repeat=2)
+    assert [r["backend"] for r in rows] == list(bench_e2e.BACKENDS)
+    assert all(r["median_ms"] > 0 and r["max_abs_diff_vs_eager"] < 1e-3 for r in rows)
+
