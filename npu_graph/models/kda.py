@@ -1,0 +1,146 @@
+"""Kimi Delta Attention (KDA, Kimi Linear): gated delta-rule linear attention with per-channel decay.
+
+Per head, with state S [K, V]:  S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T,
+o_t = S_t^T q_t * scale. The layer: q/k/v projections, causal depthwise short convolution + SiLU, L2-normalised
+q and k, per-channel log-decay g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), beta = sigmoid(b_proj(x)),
+the core `kda_core`, then a sigmoid-gated RMSNorm and o_proj.
+
+`kda_core` is the only place the core is computed: chunked (WY form, chunk 64) for several tokens, one
+recurrent step for a single token.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from npu_graph.models.cache import HybridCache, KDALayerCache
+from npu_graph.models.norm import GatedRMSNorm
+
+if TYPE_CHECKING:
+    from npu_graph.models.hybrid import HybridConfig
+
+
+def kda_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             scale: float, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+             chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA core. q, k, g `[B, T, H, K]` (g: log-decay <= 0), v `[B, T, H, V]`, beta `[B, T, H]`,
+    initial_state `[B, H, K, V]` or None (zeros). Returns (o `[B, T, H, V]` in v's dtype, final state fp32 or None).
+    """
+    batch, _, heads, dim_k = k.shape
+    state = initial_state
+    if state is None:
+        state = torch.zeros(batch, heads, dim_k, v.shape[-1], dtype=torch.float32, device=v.device)
+    if q.shape[1] == 1:
+        o, state = _kda_step(q, k, v, g, beta, scale, state.float())
+    else:
+        o, state = _kda_chunked(q, k, v, g, beta, scale, state.float(), chunk_size)
+    return o.to(v.dtype), (state if output_final_state else None)
+
+
+def _kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrent step (T == 1)."""
+    q, k, v, g, beta = (t[:, 0].float() for t in (q, k, v, g, beta))
+    state = state * g.exp().unsqueeze(-1)
+    delta = beta.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", k, state))
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    o = torch.einsum("bhk,bhkv->bhv", q * scale, state)
+    return o.unsqueeze(1), state
+
+
+def _kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 scale: float, state: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunkwise-parallel form: inside a chunk the delta rule is solved as a unit-lower-triangular system
+    (WY representation); the state is carried across chunks. Zero padding (k = 0, g = 0) leaves it unchanged.
+    """
+    seq = q.shape[1]
+    pad = (-seq) % chunk
+
+    def to_chunks(t: torch.Tensor) -> torch.Tensor:
+        t = t.float().transpose(1, 2)
+        t = F.pad(t, (0, 0, 0, pad)) if t.dim() == 4 else F.pad(t, (0, pad))
+        return t.unflatten(2, (-1, chunk))
+
+    q, k, v, g, beta = (to_chunks(t) for t in (q, k, v, g, beta))
+    q = q * scale
+    g = g.cumsum(dim=-2)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    strict = causal.tril(-1)
+    eye = torch.eye(chunk, device=q.device)
+    outputs = []
+    for n in range(q.shape[2]):
+        q_n, k_n, v_n, g_n, b_n = q[:, :, n], k[:, :, n], v[:, :, n], g[:, :, n], beta[:, :, n]
+        decay = (g_n.unsqueeze(-2) - g_n.unsqueeze(-3)).masked_fill(~causal.unsqueeze(-1), float("-inf")).exp()
+        a_kk = (k_n.unsqueeze(-2) * decay * k_n.unsqueeze(-3)).sum(-1)
+        a_kk = (b_n.unsqueeze(-1) * a_kk).masked_fill(~strict, 0.0)
+        rhs = torch.cat((v_n, g_n.exp() * k_n), dim=-1) * b_n.unsqueeze(-1)
+        u, w = torch.linalg.solve_triangular(eye + a_kk, rhs, upper=False, unitriangular=True).split(
+            [v_n.shape[-1], k_n.shape[-1]], dim=-1)
+        delta = u - w @ state
+        a_qk = (q_n.unsqueeze(-2) * decay * k_n.unsqueeze(-3)).sum(-1)
+        outputs.append((q_n * g_n.exp()) @ state + a_qk @ delta)
+        g_last = g_n[:, :, -1:]
+        state = state * g_last.transpose(-1, -2).exp() + (k_n * (g_last - g_n).exp()).transpose(-1, -2) @ delta
+    o = torch.stack(outputs, dim=2).flatten(2, 3)[:, :, :seq]
+    return o.transpose(1, 2), state
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dimension (fla's l2norm)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+class KimiDeltaAttention(nn.Module):
+    """The KDA token mixer; keeps its recurrent and short-convolution state in the cache."""
+
+    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = config.kda_num_heads
+        self.head_dim = config.kda_head_dim
+        qkv = self.n_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, qkv, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, qkv, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, qkv, bias=False)
+        self.conv = nn.Conv1d(3 * qkv, 3 * qkv, config.kda_conv_kernel, groups=3 * qkv, bias=False)
+        self.f_a = nn.Linear(config.hidden_size, self.head_dim, bias=False)
+        self.f_b = nn.Linear(self.head_dim, qkv, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.n_heads).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(_inverse_softplus_dt(qkv))
+        self.b_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
+        self.g_a = nn.Linear(config.hidden_size, self.head_dim, bias=False)
+        self.g_b = nn.Linear(self.head_dim, qkv, bias=False)
+        self.o_norm = GatedRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.o_proj = nn.Linear(qkv, config.hidden_size, bias=False)
+
+    def short_conv(self, x: torch.Tensor, layer: KDALayerCache) -> torch.Tensor:
+        """Causal depthwise convolution + SiLU over `[B, C, T]`, continuing from (and updating) the cached window."""
+        window = torch.cat((layer.conv_state, x), dim=-1)
+        layer.conv_state.copy_(window[..., -layer.conv_state.shape[-1]:])
+        return F.silu(F.conv1d(window, self.conv.weight, groups=window.shape[1]))
+
+    def forward(self, x: torch.Tensor, cache: HybridCache) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        layer = cache.layers[self.layer_idx]
+        heads = (batch, seq, self.n_heads, self.head_dim)
+        mixed = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1).transpose(1, 2)
+        q, k, v = self.short_conv(mixed, layer).transpose(1, 2).chunk(3, dim=-1)
+        q, k, v = l2_normalize(q.reshape(heads)), l2_normalize(k.reshape(heads)), v.reshape(heads)
+        forget = self.f_b(self.f_a(x)).view(heads) + self.dt_bias.view(self.n_heads, self.head_dim)
+        g = -self.A_log.exp().unsqueeze(-1) * F.softplus(forget)
+        beta = torch.sigmoid(self.b_proj(x))
+        o, state = kda_core(q, k, v, g, beta, scale=self.head_dim ** -0.5, initial_state=layer.state,
+                            output_final_state=True)
+        layer.state.copy_(state)
+        o = self.o_norm(o, self.g_b(self.g_a(x)).view(heads))
+        return self.o_proj(o.reshape(batch, seq, -1))
+
+
+def _inverse_softplus_dt(size: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
+    """dt_bias such that softplus(dt_bias) is log-uniform in [dt_min, dt_max] (Mamba / fla initialisation)."""
+    dt = torch.empty(size).uniform_(math.log(dt_min), math.log(dt_max)).exp()
+    return dt + torch.log(-torch.expm1(-dt))
