@@ -19,9 +19,13 @@ from typing import Any
 
 import torch.fx
 
+from npu_graph.cache_entry import Artifact
+from npu_graph.cache_key import Uncacheable
 from npu_graph.capture import capture_and_compile
+from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig
+from npu_graph.dump import GraphDump
 from npu_graph.report import GraphReport
 from npu_graph.verify import verified
 
@@ -40,6 +44,7 @@ class Backend:
         self.reports: list[GraphReport] = []
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self.cache = CompileCache(config)
 
     def __repr__(self) -> str:
         return f"ascend_dsa.Backend(target={self.config.target!r}, graphs={len(self.reports)})"
@@ -50,33 +55,75 @@ class Backend:
             name = f"graph_{next(self._ids)}"
         start = time.perf_counter()
         try:
-            compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name),
-                                           self.config.experimental_config.keep_inference_input_mutations)
+            compiled = self._compile_or_load(gm, list(example_inputs), name)
         except Exception as exc:
             return self._fall_back(gm, name, exc)
-        log.info("ascend_dsa: compiled %s in %.1f ms", name, (time.perf_counter() - start) * 1e3)
+        log.info("ascend_dsa: %s ready in %.1f ms", name, (time.perf_counter() - start) * 1e3)
         if self.config.verify.enabled:
             v = self.config.verify
             return verified(name, gm.forward, compiled, v.atol, v.rtol, self.config.strict)
         return compiled
 
-    def _graph_compiler(self, name: str) -> Callable[..., Any]:
+    def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
+                         ) -> Callable[..., Any]:
+        with self.cache.lookup(gm, example_inputs) as found:
+            if found.decision == "hit":
+                report = GraphReport.from_summary(name, found.summary, cache="hit")
+                self._add_report(report)
+                self._write_summaries([report])
+                return found.callable
+            sink: dict[str, Any] = {}
+            compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink),
+                                           self.config.experimental_config.keep_inference_input_mutations)
+            reports = sink["reports"]
+            decision, reason = found.decision, found.reason
+            if decision == "miss":
+                artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
+                summary = {k: v for k, v in reports[0].to_json().items() if k not in ("cache", "cache_reason")}
+                decision = self.cache.store(found, example_inputs, artifact, summary, why_not)
+                reason = why_not or reason
+            for report in reports:
+                report.cache, report.cache_reason = decision, reason
+            self._write_summaries(reports)
+            return compiled
+
+    def _write_summaries(self, reports: list[GraphReport]) -> None:
+        root = self.config.debug.graph_dump.path
+        for report in reports:
+            if report.dump_folder is None and root and report.cache == "hit":
+                report.dump_folder = getattr(GraphDump.create(root, report.name), "folder", None)
+            if report.dump_folder:
+                GraphDump(report.dump_folder).write_summary(report.to_json())
+
+    @staticmethod
+    def _artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], sink: dict[str, Any], guard_start: int
+                  ) -> tuple[Artifact | None, str]:
+        if len(sink["graphs"]) != 1:
+            return None, "more than one graph"
+        try:
+            return make_artifact(gm, example_inputs, sink["graphs"][0], guard_start), ""
+        except Uncacheable as exc:
+            return None, str(exc)
+
+    def _graph_compiler(self, name: str, sink: dict[str, Any]) -> Callable[..., Any]:
         parts = itertools.count()
+        sink["reports"], sink["graphs"] = [], []
 
         def compile_one(gm: torch.fx.GraphModule, inputs: Sequence[Any], inference: bool) -> Any:
             part = next(parts)
             suffix = "" if inference and part == 0 else f"_{'inference' if inference else 'autograd'}{part}"
             report = GraphReport(name=name + suffix, inference=inference, target=self.config.target)
-            if not self.config.cache.enabled:
-                report.cache_reason = "cache disabled"
-            else:
-                report.cache_reason = "no cache entry format yet"
             compiled = compile_graph(gm, inputs, self.config, report)
-            with self._lock:
-                self.reports.append(report)
+            sink["reports"].append(report)
+            sink["graphs"].append(compiled)
+            self._add_report(report)
             return compiled
 
         return compile_one
+
+    def _add_report(self, report: GraphReport) -> None:
+        with self._lock:
+            self.reports.append(report)
 
     def _fall_back(self, gm: torch.fx.GraphModule, name: str, exc: Exception) -> Callable[..., Any]:
         step = exc.step if isinstance(exc, CompileStepError) else "capture"
@@ -85,9 +132,8 @@ class Backend:
         message = (f"ascend_dsa: compiling {name} failed in step '{step}' ({type(exc).__name__}: {exc}); "
                    f"this graph runs eagerly. Set options={{'strict': True}} to raise instead.")
         warnings.warn(message, CompilationFallbackWarning, stacklevel=2)
-        with self._lock:
-            self.reports.append(GraphReport(name=name, inference=not torch.is_grad_enabled(),
-                                            target=self.config.target, fallback=step))
+        self._add_report(GraphReport(name=name, inference=not torch.is_grad_enabled(), target=self.config.target,
+                                     fallback=step))
         return gm.forward
 
 

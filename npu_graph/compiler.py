@@ -15,6 +15,7 @@ from npu_graph.pipeline import run_pipeline
 from npu_graph.report import GraphReport, fused_op_counts
 from npu_graph.runtime import CompiledGraph
 from npu_graph.targets import cpu
+from npu_graph.trace import traced_dump
 
 
 class CompileStepError(RuntimeError):
@@ -31,10 +32,12 @@ def _fake_mode(example_inputs: Sequence[Any]) -> Any:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,
                   report: GraphReport) -> CompiledGraph:
-    """Run the pipeline on an AOT graph and lower it; fills `report` and writes the dump."""
+    """Run the pipeline on an AOT graph and lower it; fills `report` and writes the stage dumps (the
+    caller writes summary.json once the cache decision is known)."""
     start = time.perf_counter()
     dump = GraphDump.create(config.debug.graph_dump.path, report.name) if config.debug.graph_dump.path \
         else None
+    dump = traced_dump(dump, report.name)
     report.dump_folder = dump.folder if dump else None
     report.nodes_before = len(gm.graph.nodes)
     for node in gm.graph.nodes:
@@ -60,5 +63,4 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
     if dump:
         dump.write_text("compiled.py", compiled.source)
-        dump.write_summary(report.to_json())
     return compiled

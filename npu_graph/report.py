@@ -37,6 +37,13 @@ class GraphReport:
     fallback: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_summary(cls, name: str, summary: dict[str, Any], cache: str) -> GraphReport:
+        """The report of a graph loaded from the cache, from the summary stored with it."""
+        return cls(name=name, inference=summary.get("inference", True), target=summary.get("target", "cpu"),
+                   nodes_before=summary.get("nodes_before", 0), nodes_after=summary.get("nodes_after", 0),
+                   fused_ops=summary.get("fused_ops", {}), passes=summary.get("passes", []), cache=cache)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "graph": self.name, "inference": self.inference, "target": self.target,

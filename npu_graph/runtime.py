@@ -33,6 +33,7 @@ class CompiledGraph:
         self.name = name
         self.source = source
         self.attributes = attributes
+        self.globals_ = globals_
         namespace = dict(globals_)
         exec(compile(source, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]

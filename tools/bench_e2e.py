@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from npu_graph.tools.timing import time_side_by_side
 
 import npu_graph
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa")
 

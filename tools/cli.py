@@ -1,10 +1,13 @@
-"""The `ascend-dsa` command line (also `python -m npu_graph`): demo and bench; later inspect and cache."""
+"""The `ascend-dsa` command line (also `python -m npu_graph`): demo, bench, inspect and cache."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
+
+from npu_graph.tools import inspect_cli
+from npu_graph.tools.cache_cli import add_cache_parser, run_cache_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
+    inspect_cli.add_parser(sub)
+    add_cache_parser(sub)
     return parser
 
 
@@ -28,10 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("ASCEND_DSA_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "cache":
+        return run_cache_command(args)
     if args.command == "demo":
         from npu_graph.tools.demo import run_demo
 
         return run_demo(args)
+    if args.command == "inspect":
+        return inspect_cli.run_inspect(args)
     from npu_graph.tools.bench import run_bench
 
     return run_bench(args)

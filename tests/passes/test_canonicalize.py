@@ -2,11 +2,11 @@
 numerics; symbolic shapes are handled."""
 import pytest
 import torch
-from npu_graph.passes import canonicalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from npu_graph.config import CompilerConfig
 from npu_graph.pass_api import PassContext
+from npu_graph.passes import canonicalize
 
 aten = torch.ops.aten
 

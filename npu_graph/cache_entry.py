@@ -1,0 +1,118 @@
+"""A cache entry's contents: what a compiled inference graph needs to run again in another process.
+
+The artifact is generated Python source, the names of the few module-level objects that source uses
+(rebuilt from an allowlist on load, never unpickled), tensor constants (safetensors), the FQNs of module
+parameters AOT lifted in front of the inputs, and the guards on symbolic sizes that capture and the passes
+added. No arbitrary pickles: a graph needing anything else is Uncacheable.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from npu_graph.cache_key import Uncacheable
+from npu_graph.runtime import CompiledGraph
+
+SAFE_GLOBALS: dict[str, Any] = {
+    "torch": torch, "inf": math.inf, "nan": math.nan, "math": math, "operator": operator,
+    "_operator": operator, "builtins": builtins, "device": torch.device, "NoneType": type(None),
+    "fx_pytree": torch.fx._pytree, "pytree": torch.utils._pytree,
+}
+_SAFE_OUTPUT_TYPES = {"non_alias", "alias_of_input", "is_input"}
+
+
+@dataclass
+class Artifact:
+    source: str
+    global_names: list[str]
+    constants: dict[str, torch.Tensor]
+    param_fqns: list[str]
+    guards: list[str]
+    symbols: dict[str, list[Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def load(self, name: str) -> CompiledGraph:
+        globals_ = {n: SAFE_GLOBALS[n] for n in self.global_names}
+        return CompiledGraph(name, self.source, globals_, dict(self.constants))
+
+
+def check_globals(globals_: dict[str, Any]) -> list[str]:
+    """Names of the generated source's globals, if every one is on the allowlist."""
+    names = []
+    for name, value in globals_.items():
+        if name == "__builtins__":
+            continue
+        if SAFE_GLOBALS.get(name) is not value:
+            raise Uncacheable(f"generated source uses {name!r}, which the cache cannot rebuild")
+        names.append(name)
+    return sorted(names)
+
+
+def check_runtime_metadata() -> None:
+    """Refuse graphs whose AOT runtime wrappers do work beyond calling the graph."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        raise Uncacheable("AOT metadata unavailable")
+    if meta.tokens or meta.num_intermediate_bases:
+        raise Uncacheable("graph has side-effect tokens or aliased intermediate outputs")
+    if any(i.mutation_type.name == "MUTATED_OUT_GRAPH" for i in meta.input_info):
+        raise Uncacheable("graph mutates input metadata outside the graph")
+    if any(o.output_type.name not in _SAFE_OUTPUT_TYPES for o in meta.output_info):
+        raise Uncacheable("graph returns views of intermediates")
+
+
+def constant_tensors(attributes: dict[str, Any]) -> dict[str, torch.Tensor]:
+    bad = [name for name, value in attributes.items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        raise Uncacheable(f"graph reads non-tensor attributes {bad}")
+    return {name: value.detach().contiguous() for name, value in attributes.items()}
+
+
+def symbol_sources(example_inputs: list[Any]) -> dict[str, list[Any]]:
+    """Where each size symbol comes from: ["size", input, dim] or ["symint", input]."""
+    sources: dict[str, list[Any]] = {}
+    for i, value in enumerate(example_inputs):
+        if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
+            sources.setdefault(str(value.node.expr), ["symint", i])
+        elif isinstance(value, torch.Tensor):
+            for d, size in enumerate(value.shape):
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    sources.setdefault(str(size.node.expr), ["size", i, d])
+    return sources
+
+
+def _current_symbols(symbols: dict[str, list[Any]], example_inputs: list[Any]) -> dict[str, Any]:
+    current = {}
+    for name, where in symbols.items():
+        value = example_inputs[where[1]] if where[0] == "symint" else example_inputs[where[1]].shape[where[2]]
+        current[name] = value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(value)
+    return current
+
+
+def guards_hold(artifact: Artifact, example_inputs: list[Any], shape_env: Any) -> bool:
+    """True when every stored guard holds for these inputs; then they are installed into Dynamo's
+    ShapeEnv so a later call that breaks one recompiles."""
+    if not artifact.guards:
+        return True
+    if shape_env is None:
+        return False
+    current = _current_symbols(artifact.symbols, example_inputs)
+    exprs = []
+    for text in artifact.guards:
+        expr = sympy.sympify(text)
+        expr = expr.xreplace({s: current[s.name] for s in expr.free_symbols})
+        hinted = expr.xreplace(shape_env.backed_var_to_val)
+        if hinted != sympy.true:
+            return False
+        exprs.append(expr)
+    for expr in exprs:
+        shape_env.evaluate_expr(expr)
+    return True

@@ -1,0 +1,154 @@
+"""The compile-cache key, computed from Dynamo's graph before AOT capture.
+
+key = sha256 of: the canonical graph (ops, arguments, constants, wiring; placeholders by position, so the
+names Dynamo picks do not matter), input metadata (dtypes, shapes with symbolic sizes by name, strides,
+devices, requires_grad), the settings that change compiled code, the uuid of every pass, and versions
+(python, torch, torch_npu if installed, ascend-dsa). Nothing in it depends on object addresses or on
+PYTHONHASHSEED. A graph whose arguments cannot be written down stably raises Uncacheable.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import re
+from typing import Any
+
+import torch
+import torch.fx
+
+from npu_graph.config import CompilerConfig
+from npu_graph.pipeline import pipeline_uuids
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# Settings that change what the compiler produces; dump/cache/verify/strict only change how it reports.
+KEY_SETTINGS = ("target", "passes", "quant", "layout", "streams", "superkernel", "experimental_config")
+
+
+class Uncacheable(Exception):
+    """This graph cannot be keyed or stored safely; the cache is bypassed with this reason."""
+
+
+def versions() -> dict[str, str]:
+    from npu_graph import __version__
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "ascend-dsa": __version__}
+    try:
+        found["torch_npu"] = importlib.metadata.version("torch_npu")
+    except importlib.metadata.PackageNotFoundError:
+        found["torch_npu"] = "absent"
+    return found
+
+
+def _callable_name(fn: Any) -> str:
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"op:{fn}"
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
+        raise Uncacheable(f"graph calls a local function {fn!r}")
+    return f"{module}.{qualname}"
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    data = t.detach().contiguous().cpu()
+    return hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
+
+
+def canonical_value(value: Any, index: dict[torch.fx.Node, int]) -> Any:
+    """A JSON-able, address-free description of one node argument."""
+    if isinstance(value, torch.fx.Node):
+        return f"%{index[value]}"
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [canonical_value(v, index) for v in value]]
+    if isinstance(value, dict):
+        return {str(k): canonical_value(v, index) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, slice):
+        return ["slice", [canonical_value(v, index) for v in (value.start, value.stop, value.step)]]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return ["tensor", str(value.dtype), list(value.shape), _tensor_digest(value)]
+    if callable(value):
+        return _callable_name(value)
+    text = repr(value)
+    if _ADDRESS.search(text):
+        raise Uncacheable(f"graph argument {type(value).__name__} has no stable description")
+    return [type(value).__qualname__, text]
+
+
+def _attribute(gm: torch.fx.GraphModule, path: str) -> Any:
+    owner: Any = gm
+    for part in path.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+def _node_entry(gm: torch.fx.GraphModule, node: torch.fx.Node, index: dict[torch.fx.Node, int]) -> list[Any]:
+    if node.op == "placeholder":
+        return ["placeholder"]
+    if node.op == "get_attr":
+        value = _attribute(gm, node.target)
+        described = canonical_value(value, index) if isinstance(value, torch.Tensor) else type(value).__qualname__
+        return ["get_attr", node.target, described]
+    if node.op == "call_module":
+        module = _attribute(gm, node.target)
+        state = {k: canonical_value(v, index) for k, v in module.state_dict().items()}
+        target = [_callable_name(type(module)), module.extra_repr(), state]
+    elif node.op == "call_function":
+        target = _callable_name(node.target)
+    else:
+        target = str(node.target)
+    return [node.op, target, canonical_value(node.args, index), canonical_value(node.kwargs, index)]
+
+
+def canonical_graph(gm: torch.fx.GraphModule) -> list[list[Any]]:
+    index = {node: i for i, node in enumerate(gm.graph.nodes)}
+    return [_node_entry(gm, node, index) for node in gm.graph.nodes]
+
+
+def input_metadata(example_inputs: list[Any]) -> list[Any]:
+    """Dtypes, shapes (symbolic sizes by name), strides, devices of the graph inputs."""
+    described: list[Any] = []
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor):
+            described.append({"dtype": str(value.dtype), "shape": [str(s) for s in value.shape],
+                              "stride": [str(s) for s in value.stride()], "device": str(value.device),
+                              "requires_grad": value.requires_grad})
+        elif isinstance(value, torch.SymInt):
+            described.append(f"symint:{value.node.expr}")
+        elif isinstance(value, (int, float, bool)) or value is None:
+            described.append(repr(value))
+        else:
+            raise Uncacheable(f"graph input of type {type(value).__name__} is not supported by the cache")
+    return described
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
+    """The graph inputs as Dynamo traced them (fake tensors with symbolic sizes), else the given values."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return list(example_inputs)
+    return [n.meta.get("example_value", value) for n, value in zip(placeholders, example_inputs)]
+
+
+def key_settings(config: CompilerConfig) -> dict[str, Any]:
+    settings = config.to_dict()
+    return {name: settings[name] for name in KEY_SETTINGS}
+
+
+def key_material(gm: torch.fx.GraphModule, example_inputs: list[Any], config: CompilerConfig,
+                 inference: bool) -> dict[str, Any]:
+    inputs = input_metadata(symbolic_inputs(gm, example_inputs))
+    return {"graph": canonical_graph(gm), "inputs": inputs, "inference": inference,
+            "settings": key_settings(config), "passes": pipeline_uuids(), "versions": versions()}
+
+
+def cache_key(material: dict[str, Any]) -> str:
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

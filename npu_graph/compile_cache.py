@@ -1,0 +1,149 @@
+"""The compile cache as the backend uses it: key before capture, hit -> load (no capture, passes or
+lowering), miss -> compile under the entry's lock and store; anything the cache cannot do safely is a bypass
+with a reason, never an error."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from npu_graph.cache_entry import (
+    Artifact,
+    check_globals,
+    check_runtime_metadata,
+    constant_tensors,
+    guards_hold,
+    symbol_sources,
+)
+from npu_graph.cache_key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
+from npu_graph.config import CompilerConfig
+from npu_graph.disk_cache import DiskCache
+from npu_graph.runtime import CompiledGraph
+
+log = logging.getLogger("npu_graph")
+
+
+def needs_autograd(example_inputs: list[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def _shape_env(example_inputs: list[Any]) -> Any:
+    fake_mode = torch._guards.detect_fake_mode(list(example_inputs))
+    return getattr(fake_mode, "shape_env", None)
+
+
+def _attribute(gm: torch.nn.Module, fqn: str) -> Any:
+    owner: Any = gm
+    for part in fqn.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+@dataclass
+class Lookup:
+    """The cache's decision for one graph: a loaded callable (hit), or what to do after compiling."""
+
+    decision: str
+    reason: str = ""
+    key: str | None = None
+    callable: Callable[..., Any] | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    guard_count: int = 0
+
+
+class CompileCache:
+    """Binds a DiskCache to one backend config."""
+
+    def __init__(self, config: CompilerConfig):
+        self.config = config
+        self.disk = DiskCache(config.cache.dir, config.cache.max_size) if config.cache.enabled else None
+
+    def bypass_reason(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
+        if self.disk is None:
+            return "cache disabled"
+        if self.disk.refused:
+            return self.disk.refused
+        if needs_autograd(example_inputs):
+            return "graph needs autograd"
+        return None
+
+    @contextlib.contextmanager
+    def lookup(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Iterator[Lookup]:
+        """Yields the decision; on a miss the entry's lock is held until the caller has stored."""
+        reason = self.bypass_reason(gm, example_inputs)
+        key = None
+        if reason is None:
+            try:
+                key = cache_key(key_material(gm, example_inputs, self.config, inference=True))
+            except Uncacheable as exc:
+                reason = str(exc)
+        if key is None:
+            self._record("bypass", reason)
+            yield Lookup("bypass", reason)
+            return
+        with self.disk.lock(key):
+            yield self._load(key, gm, example_inputs)
+
+    def _load(self, key: str, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Lookup:
+        shape_env = _shape_env(example_inputs)
+        loaded = self.disk.load(key)
+        if loaded is None:
+            return Lookup("miss", "no entry", key, guard_count=len(shape_env.guards) if shape_env else 0)
+        artifact, meta = loaded
+        if not guards_hold(artifact, symbolic_inputs(gm, example_inputs), shape_env):
+            return Lookup("miss", "stored guards do not hold", key,
+                          guard_count=len(shape_env.guards) if shape_env else 0)
+        params = [_attribute(gm, fqn) for fqn in artifact.param_fqns]
+        graph = artifact.load(f"cached_{key[:12]}")
+
+        def run(*args: Any) -> Any:
+            return graph([*params, *args])
+
+        self._record("hit")
+        return Lookup("hit", "", key, run, meta.get("summary", {}))
+
+    def store(self, lookup: Lookup, example_inputs: list[Any],
+              artifact: Artifact | None, summary: dict[str, Any], reason: str) -> str:
+        """Store a freshly compiled miss; returns the final cache decision ("miss" or "bypass")."""
+        if artifact is None:
+            self._record("bypass", reason)
+            return "bypass"
+        artifact.summary = summary
+        meta = {"versions": versions(), "config": self.config.to_dict(), "inputs": len(example_inputs)}
+        size = self.disk.store(lookup.key, artifact, meta)
+        self._record("miss")
+        self._record("store", nbytes=size)
+        self.disk.prune()
+        return "miss"
+
+    def _record(self, event: str, reason: str | None = None, nbytes: int = 0) -> None:
+        if self.disk is None or self.disk.refused:
+            return
+        try:
+            self.disk.record(event, reason, nbytes)
+        except OSError as exc:
+            log.warning("ascend_dsa cache: cannot update counters (%s)", exc)
+
+
+def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled: CompiledGraph,
+                  guard_start: int) -> Artifact:
+    """What to store for a compiled inference graph; raises Uncacheable when it cannot be stored safely."""
+    check_runtime_metadata()
+    shape_env = _shape_env(example_inputs)
+    guards = [str(g.expr) for g in shape_env.guards[guard_start:]] if shape_env else []
+    symbols = symbol_sources(symbolic_inputs(gm, example_inputs))
+    for text in guards:
+        unknown = {s.name for s in sympy.sympify(text).free_symbols} - set(symbols)
+        if unknown:
+            raise Uncacheable(f"guard {text} uses sizes the cache cannot locate: {sorted(unknown)}")
+    fqns = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
+    fqns += [n for n, _ in gm.named_buffers(remove_duplicate=False)]
+    return Artifact(compiled.source, check_globals(compiled.globals_), constant_tensors(compiled.attributes),
+                    fqns, guards, symbols)
+

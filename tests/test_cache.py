@@ -1,0 +1,283 @@
+"""The on-disk compile cache: keys, hits that skip compilation, guards, damaged entries, LRU, concurrency."""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+
+import pytest
+import torch
+
+import npu_graph
+from npu_graph import backend as backend_module
+from npu_graph import cache_key
+from npu_graph.disk_cache import CacheWarning, DiskCache
+from npu_graph.tools import cli
+
+MODEL = textwrap.dedent("""
+    import torch
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))).softmax(-1) * torch.tensor([2.0])
+""")
+namespace: dict = {}
+exec(MODEL, namespace)
+Net = namespace["Net"]
+
+
+def compile_once(cache_dir, model=None, x=None, **options):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = model or Net()
+    x = torch.randn(4, 16) if x is None else x
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache_dir": str(cache_dir), **options}))
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(x)
+        torch.testing.assert_close(out, model(x))
+    return backend.reports[-1], out
+
+
+def key_of(gm_fn, *args, config=None):
+    captured = {}
+
+    def grab(gm, example_inputs, **kw):
+        captured["key"] = cache_key.cache_key(cache_key.key_material(
+            gm, example_inputs, config or npu_graph.CompilerConfig(), inference=True))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(gm_fn, backend=grab)(*args)
+    return captured["key"]
+
+
+def test_miss_then_hit_skips_capture(tmp_path, monkeypatch):
+    first, out1 = compile_once(tmp_path)
+    assert first.cache == "miss"
+
+    def no_capture(*a, **k):
+        raise AssertionError("a cache hit must not capture or compile")
+
+    monkeypatch.setattr(backend_module, "capture_and_compile", no_capture)
+    second, out2 = compile_once(tmp_path)
+    assert second.cache == "hit" and torch.equal(out1, out2)
+    stats = DiskCache(str(tmp_path)).stats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+
+
+def test_entry_files_are_private_and_not_pickles(tmp_path):
+    compile_once(tmp_path)
+    disk = DiskCache(str(tmp_path))
+    (key,) = disk.entry_keys()
+    folder = disk.entry_dir(key)
+    assert sorted(os.listdir(folder)) == ["compiled.py", "constants.safetensors", "meta.json"]
+    assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    assert all(oct(os.stat(os.path.join(folder, f)).st_mode & 0o777) == "0o600" for f in os.listdir(folder))
+    assert not os.listdir(os.path.join(disk.base, "tmp"))
+
+
+def test_key_is_stable_across_processes_and_hash_seeds():
+    code = MODEL + textwrap.dedent("""
+        import npu_graph
+        from npu_graph import cache_key
+        out = {}
+        def grab(gm, ex, **kw):
+            out["k"] = cache_key.cache_key(cache_key.key_material(gm, ex, npu_graph.CompilerConfig(), True))
+            return gm.forward
+        torch.manual_seed(0)
+        with torch.no_grad():
+            torch.compile(Net(), backend=grab)(torch.randn(4, 16))
+        print(out["k"])
+    """)
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
+    assert len(keys) == 1 and len(keys.pop()) == 64
+
+
+def test_key_changes_with_each_input(monkeypatch):
+    x = torch.randn(4, 16)
+    torch.manual_seed(0)
+    base = key_of(lambda x: (x * 2).softmax(-1), x)
+    assert key_of(lambda x: (x * 2).softmax(-1), x) == base
+    assert key_of(lambda x: (x * 3).softmax(-1), x) != base
+    assert key_of(lambda x: (x * 2).softmax(0), x) != base
+    assert key_of(lambda x: (x * 2).softmax(-1), x.double()) != base
+    config = npu_graph.CompilerConfig.from_options
+    assert key_of(lambda x: (x * 2).softmax(-1), x, config=config({"quant": "dsa"})) != base
+    assert key_of(lambda x: (x * 2).softmax(-1), x, config=config({"verify": True})) == base
+    monkeypatch.setattr(cache_key, "pipeline_uuids", lambda: {"canonicalize": "edited"})
+    assert key_of(lambda x: (x * 2).softmax(-1), x) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(cache_key, "versions", lambda: {"torch": "9.9"})
+    assert key_of(lambda x: (x * 2).softmax(-1), x) != base
+
+
+def test_damaged_entries_are_quarantined_and_recompiled(tmp_path):
+    compile_once(tmp_path)
+    disk = DiskCache(str(tmp_path))
+    (key,) = disk.entry_keys()
+    with open(os.path.join(disk.entry_dir(key), "compiled.py"), "a") as f:
+        f.write("\n# edited\n")
+    with pytest.warns(CacheWarning, match="quarantine"):
+        report, _ = compile_once(tmp_path)
+    assert report.cache == "miss" and os.listdir(os.path.join(disk.base, "quarantine"))
+    (key,) = disk.entry_keys()
+    with open(os.path.join(disk.entry_dir(key), "meta.json"), "r+") as f:
+        f.truncate(20)
+    with pytest.warns(CacheWarning):
+        report, _ = compile_once(tmp_path)
+    assert report.cache == "miss"
+
+
+def test_foreign_entry_and_world_writable_root_are_refused(tmp_path):
+    compile_once(tmp_path)
+    disk = DiskCache(str(tmp_path))
+    (key,) = disk.entry_keys()
+    os.chown(disk.entry_dir(key), 12345, 12345)
+    with pytest.warns(CacheWarning, match="another user"):
+        report, _ = compile_once(tmp_path)
+    assert report.cache == "miss"
+    open_root = tmp_path / "open"
+    open_root.mkdir()
+    os.chmod(open_root, 0o777)
+    with pytest.warns(CacheWarning, match="world-writable"):
+        report, _ = compile_once(open_root)
+    assert report.cache == "bypass" and "world-writable" in report.cache_reason
+
+
+def test_guards_on_symbolic_sizes_are_checked(tmp_path, monkeypatch):
+    from npu_graph import pipeline
+
+    def guarding_pass(gm, ctx):
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "placeholder" and isinstance(val, torch.Tensor) and val.dim() == 2 and val.shape[1] == 16:
+                bool(val.shape[0] > 4)
+        return pipeline.PassResult(changed=False)
+
+    fake_pass = types.SimpleNamespace(NAME="guarding", INFERENCE_ONLY=False, run=guarding_pass)
+    monkeypatch.setattr(pipeline, "PASSES", [*pipeline.PASSES, fake_pass])
+    monkeypatch.setattr(pipeline, "pass_uuid", lambda p: "fixed")
+
+    def run(rows):
+        x = torch.randn(rows, 16)
+        torch._dynamo.mark_dynamic(x, 0)
+        return compile_once(tmp_path, x=x)[0]
+
+    first = run(8)
+    assert first.cache == "miss", first.cache_reason
+    second = run(9)
+    assert second.cache == "hit", second.cache_reason
+    low = run(3)
+    assert low.cache == "miss" and "guards" in low.cache_reason
+
+
+def test_lru_prune_keeps_recently_used(tmp_path):
+    for scale in (1.0, 2.0, 3.0):
+        compile_once(tmp_path, model=torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Softmax(-1)),
+                     x=torch.randn(4, 16) * scale if scale != 3.0 else torch.randn(5, 16))
+    disk = DiskCache(str(tmp_path))
+    entries = disk.entries_by_recency()
+    assert len(entries) >= 2
+    oldest = entries[0]["key"]
+    os.utime(os.path.join(disk.entry_dir(oldest), "meta.json"))
+    keep = sum(e["size"] for e in entries if e["key"] == oldest) + 1
+    removed = disk.prune(max_size=keep)
+    assert oldest not in removed and disk.entry_keys() == [oldest]
+
+
+def test_prune_older_than(tmp_path):
+    compile_once(tmp_path)
+    disk = DiskCache(str(tmp_path))
+    (key,) = disk.entry_keys()
+    os.utime(os.path.join(disk.entry_dir(key), "meta.json"), (1, 1))
+    assert disk.prune(older_than=3600) == [key] and disk.entry_keys() == []
+
+
+class CliResult:
+    def __init__(self, code, stdout):
+        self.returncode, self.stdout = code, stdout
+
+
+def run_cli(*args):
+    """The ascend-dsa cache command in this process (the module entry is tested once in a subprocess)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["cache", *args])
+    return CliResult(code, out.getvalue())
+
+
+def test_cache_command_runs_as_module(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "npu_graph", "cache", "stats", "--dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["entries"] == 0
+
+
+def test_cli_json_and_export_import_round_trip(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    compile_once(src)
+    listing = json.loads(run_cli("ls", "--dir", str(src), "--json").stdout)
+    assert len(listing) == 1 and listing[0]["ok"]
+    shown = json.loads(run_cli("show", listing[0]["key"][:10], "--dir", str(src), "--json").stdout)
+    assert shown["versions"]["torch"] == torch.__version__ and "guards" in shown
+    assert json.loads(run_cli("stats", "--dir", str(src), "--json").stdout)["entries"] == 1
+    archive = str(tmp_path / "warm.tgz")
+    assert json.loads(run_cli("export", archive, "--dir", str(src), "--json").stdout)["entries"] == 1
+    assert json.loads(run_cli("import", archive, "--dir", str(dst), "--json").stdout)["imported"] == 1
+    assert json.loads(run_cli("verify", "--dir", str(dst), "--json").stdout) == {"ok": 1, "quarantined": []}
+    report, _ = compile_once(dst)
+    assert report.cache == "hit"
+    assert json.loads(run_cli("clear", "--dir", str(dst), "--json").stdout) == {"removed": 1}
+
+
+def test_import_refuses_other_versions(tmp_path, monkeypatch):
+    from npu_graph import cache_transfer
+
+    compile_once(tmp_path / "src")
+    archive = str(tmp_path / "a.tgz")
+    cache_transfer.export_cache(DiskCache(str(tmp_path / "src")), archive)
+    monkeypatch.setattr(cache_transfer, "versions", lambda: {**cache_key.versions(), "torch": "0.0.1"})
+    with pytest.raises(cache_transfer.CacheImportError, match="torch"):
+        cache_transfer.import_cache(DiskCache(str(tmp_path / "dst")), archive)
+
+
+def test_cli_verify_quarantines_bad_entries(tmp_path):
+    compile_once(tmp_path)
+    disk = DiskCache(str(tmp_path))
+    (key,) = disk.entry_keys()
+    with open(os.path.join(disk.entry_dir(key), "compiled.py"), "w") as f:
+        f.write("broken")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = json.loads(run_cli("verify", "--dir", str(tmp_path), "--json").stdout)
+    assert result["ok"] == 0 and result["quarantined"][0]["key"] == key and disk.entry_keys() == []
+
+
+CONCURRENT = MODEL + textwrap.dedent("""
+    import sys, npu_graph
+    torch.manual_seed(0)
+    m = Net()
+    with torch.no_grad():
+        out = torch.compile(m, backend="ascend_dsa", options={"cache_dir": sys.argv[1]})(torch.ones(4, 16))
+    print(float(out.double().sum()))
+""")
+
+
+@pytest.mark.parametrize("processes", [pytest.param(3), pytest.param(8, marks=pytest.mark.slow)])
+def test_concurrent_processes_share_one_entry(tmp_path, processes):
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
+    assert len({r[0].strip() for r in results}) == 1
+    disk = DiskCache(str(tmp_path))
+    assert len(disk.entry_keys()) == 1 and not os.listdir(os.path.join(disk.base, "tmp"))
+    stats = disk.stats()
+    assert stats["misses"] == 1 and stats["hits"] == processes - 1
