@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,19 +89,22 @@ class GraphDump:
             log.warning("ascend_dsa: writing dump file %s failed (%s); dump stopped for this graph",
                         filename, exc)
 
+    def _write_made(self, filename: str, make_text: Callable[[], str]) -> None:
+        try:
+            text = make_text()
+        except Exception as exc:  # a dump must never stop compilation
+            log.warning("ascend_dsa: describing %s failed (%s)", filename, exc)
+            return
+        self._write(filename, text)
+
     def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any]) -> None:
         stem = f"{index:02d}_{stage}"
-        try:
-            text, nodes = graph_text(gm), describe_graph(gm)
-        except Exception as exc:  # a dump must never stop compilation
-            log.warning("ascend_dsa: describing stage %s failed (%s)", stage, exc)
-            return
-        self._write(stem + ".txt", text)
-        self._write(stem + ".json", json.dumps({"stage": stage, **info, "nodes": nodes}, indent=1,
-                                               default=str))
+        self._write_made(stem + ".txt", lambda: graph_text(gm))
+        self._write_made(stem + ".json", lambda: json.dumps({"stage": stage, **info, "nodes": describe_graph(gm)},
+                                                            indent=1, default=str))
 
     def write_text(self, filename: str, text: str) -> None:
         self._write(filename, text)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        self._write("summary.json", json.dumps(summary, indent=2, default=str))
+        self._write_made("summary.json", lambda: json.dumps(summary, indent=2, default=str))
