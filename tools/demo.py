@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -17,6 +18,7 @@ from rich.table import Table
 import npu_graph
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.report import GraphReport
+from npu_graph.tools.html_report import write_html_report
 
 
 @dataclass
@@ -87,6 +89,7 @@ def _print_results(console: Console, results: dict[str, Any], reports: list[Grap
     table.add_row("decode step compiled ms (median)", f"{results['compiled_decode_ms']:.1f}")
     console.print(table)
     console.print(f"dump: {results['dump_dir']}")
+    console.print(f"HTML report: {results['html_report']}  (also: ascend-dsa inspect {results['dump_dir']})")
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -103,6 +106,7 @@ def run_demo(args: argparse.Namespace) -> int:
         compiled = generate(torch.compile(model, backend=backend), ids, args.steps, model.new_cache(1))
     reports = backend.reports[before:]
     results = _results(eager, compiled, reports, dump_dir)
+    results["html_report"] = write_html_report(dump_dir, os.path.join(dump_dir, "report.html"))
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:

@@ -22,6 +22,8 @@ def test_demo_tiny_json(tmp_path):
     assert result["max_abs_diff_prefill"] < 1e-4 and result["max_abs_diff_decode"] < 1e-4
     assert len(result["graphs"]) >= 2 and all(g["nodes_after"] <= g["nodes_before"] for g in result["graphs"])
     assert result["dump_dir"] == str(tmp_path) and list(tmp_path.glob("*/summary.json"))
+    with open(result["html_report"]) as f:
+        assert "<svg" in f.read()
 
 
 def test_demo_table_mentions_dump_and_graphs(tmp_path):
