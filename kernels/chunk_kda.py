@@ -1,0 +1,245 @@
+"""`ascend_dsa::chunk_kda` — Kimi Delta Attention (KDA), the gated delta rule with per-channel decay.
+
+Layout follows fla's `chunk_kda`: q, k [B,T,H,K], v [B,T,H,V], g [B,T,H,K] (log-space decay, <= 0),
+beta [B,T,H], initial_state [B,H,K,V] fp32. Per head and step t (S is [K,V]):
+
+    S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T
+    o_t = S_t^T (q_t * scale)                                  scale defaults to K ** -0.5
+
+Outputs `(o, final_state)`: o [B,T,H,V] in v's dtype; final_state [B,H,K,V] fp32 when
+`output_final_state`, else an empty fp32 tensor of shape [0] (a custom op cannot return None).
+
+Fast CPU path (chunked WY / UT-transform form, everything in fp32). Inside a chunk of C steps, with
+G_r the cumulative decay from the chunk start and S the state entering the chunk:
+
+    A[r,j] = beta_r sum_c k_r[c] k_j[c] exp(G_r[c] - G_j[c])          (j < r)
+    (I + A) [W_v | W_k] = [beta V | beta K * exp(G)]                  (unit lower-triangular solve)
+    U = W_v - W_k S,  o = (q * exp(G)) S + M U,  M[r,j] = sum_c q_r[c] k_j[c] exp(G_r[c] - G_j[c]) (j <= r)
+    S' = Diag(exp G_last) S + (K * exp(G_last - G))^T U
+
+All of it except the two state GEMMs is computed for all chunks and heads at once; a loop over chunks
+carries the state. The pairwise decays exp(G_r - G_j) are never formed as a [C,C,K] tensor: they are
+split as exp(G_r - G_m) * exp(G_m - G_j) around a reference step m and contracted with GEMMs, where m is
+chosen so that no factor leaves the normal fp32 range (see `_decayed_gram`), so any g <= 0 is safe.
+
+`kda_transition` exposes the affine map of a whole segment, used to fold states across ranks when a
+sequence is split: final_state(S0) = A @ S0 + final_state(0).
+"""
+from typing import NamedTuple
+
+import torch
+
+from npu_graph.kernels.checks import require, require_dtype, require_positive, require_rank, require_same
+
+OP = "chunk_kda"
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+# Largest |exponent| allowed in one factor of a split decay: e**60 and e**-60 are normal fp32 numbers.
+_SAFE_EXPONENT = 60.0
+# Decays below e**-80 (< 2e-35) are held there: exp() of underflowing inputs is several times slower.
+_FLOOR_EXPONENT = -80.0
+
+
+def _validate(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              beta: torch.Tensor, initial_state: torch.Tensor | None, chunk_size: int) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
+        if t is not None:
+            require_rank(OP, name, t, 4)
+            require_dtype(OP, name, t, _FLOATS)
+    require_rank(OP, "beta", beta, 3)
+    require_dtype(OP, "beta", beta, _FLOATS)
+    if q is not None:
+        require_same(OP, "shapes of `q` and `k` [B,T,H,K]", tuple(q.shape), tuple(k.shape))
+    require_same(OP, "shapes of `g` and `k` [B,T,H,K]", tuple(g.shape), tuple(k.shape))
+    require_same(OP, "[B,T,H] of `v` and `k`", tuple(v.shape[:3]), tuple(k.shape[:3]))
+    require_same(OP, "shape of `beta` and [B,T,H] of `k`", tuple(beta.shape), tuple(k.shape[:3]))
+    require_positive(OP, "chunk_size", chunk_size)
+    require(chunk_size & (chunk_size - 1) == 0, f"{OP}: `chunk_size` must be a power of two, got {chunk_size}")
+    if initial_state is not None:
+        b, _, h, dk = k.shape
+        want = (b, h, dk, v.shape[-1])
+        require_same(OP, "shape of `initial_state` and [B,H,K,V]", tuple(initial_state.shape), want)
+        require_dtype(OP, "initial_state", initial_state, (torch.float32,))
+
+
+def reference_chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                        beta: torch.Tensor, *, scale: float | None = None,
+                        initial_state: torch.Tensor | None = None,
+                        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence, one step at a time, in fp32 (slow, readable)."""
+    b, t_len, h, dk = k.shape
+    scale = dk ** -0.5 if scale is None else scale
+    out_dtype = v.dtype
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    state = torch.zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.float().clone()
+    outs = []
+    for t in range(t_len):
+        state = state * g[:, t].exp().unsqueeze(-1)                          # Diag(exp g_t) S
+        k_t = k[:, t]
+        correction = v[:, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)     # v_t - k_t^T D S
+        state = state + beta[:, t, :, None, None] * k_t.unsqueeze(-1) * correction.unsqueeze(-2)
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))
+    o = torch.stack(outs, dim=1) if outs else v.new_zeros(v.shape)
+    return o.to(out_dtype), state if output_final_state else state.new_empty(0)
+
+
+def _to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[B,T,H,*D] -> fp32 [N, B*H, C, *D], chunk-major, zero-padded at the end of T."""
+    b, t_len, h = x.shape[:3]
+    rest = tuple(x.shape[3:])
+    full, tail = divmod(t_len, chunk)
+    out = x.new_zeros((full + (tail > 0), b, h, chunk, *rest), dtype=torch.float32)
+    src = x[:, :full * chunk].reshape((b, full, chunk, h, *rest))
+    out[:full].copy_(src.transpose(0, 1).transpose(2, 3))
+    if tail:
+        out[full, :, :, :tail].copy_(x[:, full * chunk:].transpose(1, 2))
+    return out.view((out.shape[0], b * h, chunk, *rest))
+
+
+def _exp_decay(log_decay: torch.Tensor) -> torch.Tensor:
+    """exp of a log-decay <= 0, floored at exp(_FLOOR_EXPONENT) (no change at fp32 precision)."""
+    return log_decay.clamp(min=_FLOOR_EXPONENT).exp_()
+
+
+def _write_blocks(out: torch.Tensor, blocks: torch.Tensor, seg: int, rows: slice, cols: slice) -> None:
+    """Write blocks [..., S, r, c] into the diagonal segments (size `seg`) of out [..., C, C]."""
+    lead, c = out.shape[:-2], out.shape[-1]
+    s = c // seg
+    diag = out.view(*lead, s, seg, s, seg).diagonal(dim1=-4, dim2=-2)      # [..., seg, seg, S]
+    diag[..., rows, cols, :] = blocks.movedim(-3, -1)
+
+
+def _decayed_gram(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor) -> torch.Tensor:
+    """out[..., i, r, j] = sum_c x[..., i, r, c] y[..., j, c] exp(gc[..., r, c] - gc[..., j, c]) for j <= r, else 0.
+
+    x [Bt, R, C, K], y and gc [Bt, C, K] with gc non-increasing along C. A segment whose decay range fits
+    in +-_SAFE_EXPONENT around its middle step m is done with one GEMM of x*exp(gc-gc_m) by y*exp(gc_m-gc).
+    Otherwise the segment is halved: the (right half x left half) block uses the split point p as
+    reference, where both factors exp(gc_r - gc_p) and exp(gc_p - gc_j) are <= 1, and the halves recurse.
+    """
+    bt, nr, c, kd = x.shape
+    out = x.new_zeros(bt, nr, c, c)
+    n = c
+    while out.numel():
+        s = c // n
+        xs, ys, gs = x.view(bt, nr, s, n, kd), y.view(bt, 1, s, n, kd), gc.view(bt, 1, s, n, kd)
+        ref = gs[..., n // 2: n // 2 + 1, :]
+        span = torch.maximum(gs[..., :1, :] - ref, ref - gs[..., -1:, :]).max().item() if n > 1 else 0.0
+        if span <= _SAFE_EXPONENT:
+            e = torch.exp(gs - ref)
+            block = torch.matmul(xs * e, (ys / e).transpose(-1, -2)).tril_()
+            _write_blocks(out, block, n, slice(None), slice(None))
+            return out
+        h = n // 2
+        pivot = gs[..., h - 1: h, :]
+        rows = xs[..., h:, :] * _exp_decay(gs[..., h:, :] - pivot)
+        cols = ys[..., :h, :] * _exp_decay(pivot - gs[..., :h, :])
+        _write_blocks(out, torch.matmul(rows, cols.transpose(-1, -2)), n, slice(h, None), slice(None, h))
+        n = h
+    return out
+
+
+class _Intra(NamedTuple):
+    """State-independent per-chunk tensors, [N, B*H, ...]."""
+    w_v: torch.Tensor         # (I + A)^-1 beta V                         [.., C, V]
+    w_k: torch.Tensor         # (I + A)^-1 beta K exp(G)                  [.., C, K]
+    k_tail: torch.Tensor      # (K exp(G_last - G))^T                     [.., K, C]
+    decay: torch.Tensor       # exp(G_last)                               [.., K, 1]
+    q_decay: torch.Tensor     # q scale exp(G); empty without q           [.., C, K]
+    m_qk: torch.Tensor        # M (lower triangular); empty without q     [.., C, C]
+
+
+def _intra(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+           q: torch.Tensor | None) -> _Intra:
+    """All chunks at once: decays, the UT-transform solve, and (when q is given) the output matrices."""
+    n, bh, c, kd = k.shape
+    flat = (n * bh, c)
+    gc = g.cumsum(dim=2).view(*flat, kd)
+    kf = k.view(*flat, kd)
+    rows = kf.unsqueeze(1) if q is None else torch.stack((kf, q.view(*flat, kd)), dim=1)
+    gram = _decayed_gram(rows, kf, gc)
+    b_col = beta.view(*flat, 1)
+    exp_g = _exp_decay(gc)
+    eye = torch.eye(c, dtype=k.dtype).expand(*flat, c)
+    inverse = torch.linalg.solve_triangular(gram[:, 0] * b_col, eye, upper=False, unitriangular=True)
+    w_v = torch.bmm(inverse, v.view(*flat, -1) * b_col)
+    w_k = torch.bmm(inverse, kf * exp_g * b_col)
+    g_last = gc[:, -1:, :]
+    k_tail = (kf * _exp_decay(g_last - gc)).transpose(-1, -2).contiguous()
+    q_decay = q.view(*flat, kd) * exp_g if q is not None else exp_g.new_empty(0)
+    m_qk = gram[:, 1] if q is not None else exp_g.new_empty(0)
+    shaped = [t.view(n, bh, *t.shape[1:]) if t.numel() else t
+              for t in (w_v, w_k, k_tail, _exp_decay(g_last).transpose(-1, -2), q_decay, m_qk)]
+    return _Intra(*shaped)
+
+
+def _scan(intra: _Intra, state: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Carry the state [B*H, K, V] over the chunks: returns the final state, the state entering each
+    chunk and U = W_v - W_k S of each chunk."""
+    entering, us = [], []
+    for i in range(intra.w_v.shape[0]):
+        entering.append(state)
+        u = torch.baddbmm(intra.w_v[i], intra.w_k[i], state, alpha=-1.0)
+        state = torch.baddbmm(state * intra.decay[i], intra.k_tail[i], u)
+        us.append(u)
+    return state, entering, us
+
+
+def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
+                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    b, t_len, h, dk = k.shape
+    dv = v.shape[-1]
+    scale = dk ** -0.5 if scale is None else scale
+    qc = _to_chunks(q, chunk_size).mul_(scale)
+    kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
+    intra = _intra(kc, vc, gc, bc, qc)
+    state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
+        else initial_state.reshape(b * h, dk, dv).clone()
+    final, entering, us = _scan(intra, state)
+    n, c = kc.shape[0], chunk_size
+    o = torch.matmul(intra.q_decay, torch.stack(entering)).view(n * b * h, c, dv)
+    o = torch.baddbmm(o, intra.m_qk.view(-1, c, c), torch.stack(us).view(-1, c, dv))
+    o = o.view(n, b, h, c, dv).permute(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t_len]
+    o = o.to(v.dtype).contiguous()
+    final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)
+    return o, final
+
+
+@torch.library.custom_op("ascend_dsa::chunk_kda", mutates_args=())
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None, *,
+              output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA over a whole sequence; see the module docstring for the recurrence and layouts."""
+    _validate(q, k, v, g, beta, initial_state, chunk_size)
+    return _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+
+@chunk_kda.register_fake
+def _chunk_kda_fake(q, k, v, g, beta, scale=None, initial_state=None, *, output_final_state=False,
+                    chunk_size=64):
+    _validate(q, k, v, g, beta, initial_state, chunk_size)
+    b, t_len, h, dk = k.shape
+    o = v.new_empty(b, t_len, h, v.shape[-1])
+    final = k.new_empty(b, h, dk, v.shape[-1], dtype=torch.float32) if output_final_state \
+        else k.new_empty(0, dtype=torch.float32)
+    return o, final
+
+
+def kda_transition(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                   chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Affine state map of a segment: returns (A [B,H,K,K] fp32, S_zero [B,H,K,V] fp32) such that
+    running the segment from any initial state S0 [B,H,K,V] ends in A @ S0 + S_zero; S_zero is the
+    final state from a zero initial state. A is the ordered product of the per-step maps
+    (I - beta_t k_t k_t^T) Diag(exp g_t), last step leftmost. Segments fold left to right:
+    S_after = A_r @ S_before + S_zero_r.
+    """
+    _validate(None, k, v, g, beta, None, chunk_size)
+    b, _, h, dk = k.shape
+    kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
+    intra = _intra(kc, vc, gc, bc, None)
+    s_zero, _, _ = _scan(intra, kc.new_zeros(b * h, dk, v.shape[-1]))
+    per_chunk = torch.diag_embed(intra.decay.squeeze(-1)) - torch.matmul(intra.k_tail, intra.w_k)  # [N,BH,K,K]
+    a = torch.eye(dk).expand(b * h, dk, dk)
+    for step in per_chunk:
+        a = torch.bmm(step, a)
+    return a.reshape(b, h, dk, dk).contiguous(), s_zero.view(b, h, dk, v.shape[-1])

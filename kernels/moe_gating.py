@@ -1,0 +1,143 @@
+"""`ascend_dsa::moe_gating_top_k` — MoE router top-k with group-limited selection (DeepSeek-V3 / Kimi).
+
+Mirrors `torch_npu.npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1,
+group_select_mode=0, renorm=0, norm_type=1, out_flag=False, routed_scaling_factor=1.0, eps=1e-20)
+-> (y, expert_idx, out)`; `bias` is positional-or-keyword here because a custom op cannot take a
+keyword-only tensor. Semantics, for router logits x [T,E], all in fp32:
+
+    norm  = sigmoid(x) (norm_type=1) or softmax(x, -1) (norm_type=0)
+    score = norm + bias                          (the correction bias only steers selection)
+    if group_count > 1: split E into group_count equal groups; a group's score is its max
+        (group_select_mode=0) or the sum of its top-2 scores (group_select_mode=1); experts outside
+        the k_group best groups are excluded
+    expert_idx = the k best remaining experts by score, best first     int32 [T,k]
+    y = norm[expert_idx]; when norm_type=1, or norm_type=0 with renorm=1: y = y / (sum(y) + eps)
+    y = y * routed_scaling_factor                                      x's dtype [T,k]
+    out = norm                                                         fp32 [T,E]
+
+`out` always has shape [T,E], as in torch_npu's meta function; it is filled whatever `out_flag` says
+(on the NPU its content is only defined when out_flag is True). Ties are broken towards the lower index.
+"""
+
+import torch
+
+from npu_graph.kernels.checks import (
+    require,
+    require_choice,
+    require_divisible,
+    require_dtype,
+    require_positive,
+    require_rank,
+    require_same,
+)
+
+OP = "moe_gating_top_k"
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _validate(x: torch.Tensor, k: int, bias: torch.Tensor | None, k_group: int, group_count: int,
+              group_select_mode: int, renorm: int, norm_type: int) -> None:
+    require_rank(OP, "x", x, 2)
+    require_dtype(OP, "x", x, _FLOATS)
+    experts = x.shape[1]
+    if bias is not None:
+        require_rank(OP, "bias", bias, 1)
+        require_same(OP, "size of `bias` and the expert count E of `x` [T,E]", bias.shape[0], experts)
+    require_positive(OP, "group_count", group_count)
+    require_divisible(OP, "x (expert count E)", experts, group_count)
+    require(1 <= k_group <= group_count, f"{OP}: `k_group`={k_group} must be in [1, group_count={group_count}]")
+    limit = experts // group_count * k_group
+    require(1 <= k <= limit, f"{OP}: `k`={k} must be in [1, E / group_count * k_group = {limit}]")
+    require_choice(OP, "group_select_mode", group_select_mode, (0, 1))
+    require_choice(OP, "renorm", renorm, (0, 1))
+    require_choice(OP, "norm_type", norm_type, (0, 1))
+    if group_count > 1 and group_select_mode == 1:
+        require(experts // group_count >= 2, f"{OP}: group_select_mode=1 sums the top-2 experts of a group, "
+                                             f"but groups have {experts // group_count} expert(s)")
+
+
+def _normalize(x: torch.Tensor, norm_type: int) -> torch.Tensor:
+    x = x.float()
+    return torch.sigmoid(x) if norm_type == 1 else torch.softmax(x, dim=-1)
+
+
+def _best(values: list[float], count: int, among: list[int]) -> list[int]:
+    """The `count` entries of `among` with the largest values, best first, ties to the lower index."""
+    return sorted(among, key=lambda i: (-values[i], i))[:count]
+
+
+def _route_token(score: list[float], k: int, k_group: int, group_count: int, group_select_mode: int) -> list[int]:
+    """Experts chosen for one token by brute force over its groups."""
+    size = len(score) // group_count
+    members = [list(range(gi * size, (gi + 1) * size)) for gi in range(group_count)]
+    groups = list(range(group_count))
+    if group_count > 1:
+        group_scores = []
+        for ids in members:
+            top = _best(score, 2, ids)
+            pair = torch.tensor(score[top[0]] + score[top[-1]], dtype=torch.float32).item()  # fp32 sum
+            group_scores.append(score[top[0]] if group_select_mode == 0 else pair)
+        groups = _best(group_scores, k_group, groups)
+    return _best(score, k, [e for gi in groups for e in members[gi]])
+
+
+def reference_moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
+                               group_count: int = 1, group_select_mode: int = 0, renorm: int = 0,
+                               norm_type: int = 1, out_flag: bool = False, routed_scaling_factor: float = 1.0,
+                               eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Brute force, one token at a time, with Python sorting over groups and experts."""
+    norm = _normalize(x, norm_type)
+    score = norm + (0 if bias is None else bias.float())
+    ys, ids = [], []
+    for row, s in zip(norm.tolist(), score.tolist()):
+        chosen = _route_token(s, k, k_group, group_count, group_select_mode)
+        weights = [row[e] for e in chosen]
+        if norm_type == 1 or renorm == 1:
+            total = sum(weights) + eps
+            weights = [w / total for w in weights]
+        ys.append([w * routed_scaling_factor for w in weights])
+        ids.append(chosen)
+    y = torch.tensor(ys, dtype=torch.float32).reshape(x.shape[0], k).to(x.dtype)
+    return y, torch.tensor(ids, dtype=torch.int32).reshape(x.shape[0], k), norm
+
+
+def _stable_topk(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores per row, best first, ties to the lower index."""
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+    return order[:, :k].contiguous()
+
+
+def _group_mask(score: torch.Tensor, k_group: int, group_count: int, group_select_mode: int) -> torch.Tensor:
+    """Scores with the experts of all but the k_group best groups set to -inf."""
+    grouped = score.view(score.shape[0], group_count, score.shape[1] // group_count)
+    group_score = grouped.amax(dim=-1) if group_select_mode == 0 else grouped.topk(2, dim=-1).values.sum(-1)
+    keep = _stable_topk(group_score, k_group)
+    mask = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, keep, False)
+    return grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).view_as(score)
+
+
+@torch.library.custom_op("ascend_dsa::moe_gating_top_k", mutates_args=())
+def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
+                     group_count: int = 1, group_select_mode: int = 0, renorm: int = 0, norm_type: int = 1,
+                     out_flag: bool = False, routed_scaling_factor: float = 1.0,
+                     eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router top-k; see the module docstring for the semantics."""
+    _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
+    norm = _normalize(x, norm_type)
+    score = norm if bias is None else norm + bias.float()
+    if group_count > 1:
+        score = _group_mask(score, k_group, group_count, group_select_mode)
+    idx = _stable_topk(score, k)
+    y = norm.gather(1, idx)
+    if norm_type == 1 or renorm == 1:
+        y = y / (y.sum(dim=-1, keepdim=True) + eps)
+    return (y * routed_scaling_factor).to(x.dtype), idx.to(torch.int32), norm
+
+
+@moe_gating_top_k.register_fake
+def _moe_gating_top_k_fake(x, k, bias=None, *, k_group=1, group_count=1, group_select_mode=0, renorm=0,
+                           norm_type=1, out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
+    _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
+    tokens = x.shape[0]
+    return (x.new_empty(tokens, k), x.new_empty(tokens, k, dtype=torch.int32),
+            x.new_empty(tokens, x.shape[1], dtype=torch.float32))
