@@ -2,3 +2,9 @@
 
 Importing this package registers every op. Each op lives in its own module; the list below is literal.
 """
+from npu_graph.kernels import (
+    block_quant,  # noqa: F401
+    mx_quant,  # noqa: F401
+    nz,  # noqa: F401
+    rms_norm,  # noqa: F401
+)

@@ -1,0 +1,126 @@
+"""RMSNorm operators: `ascend_dsa::rms_norm` (mirrors `torch_npu.npu_rms_norm`) and `ascend_dsa::add_rms_norm`
+(mirrors `torch_npu.npu_add_rms_norm`).
+
+gamma covers the last gamma.dim() dimensions of x (usually just the hidden size); with those dimensions
+flattened into one of size n:
+
+    rstd = 1 / sqrt(sum(x^2) / n + epsilon)     fp32, shape of x with the normalized dimensions kept as 1
+    y    = x * rstd * gamma                     computed in fp32, returned in x's dtype
+
+add_rms_norm first forms the residual sum x = x1 + x2 in the input dtype (rounded like `x1 + x2` in
+eager torch), returns it as the third output, and normalizes that rounded sum, so that
+add_rms_norm(x1, x2, g) gives exactly rms_norm(x1 + x2, g): the fused op can replace the unfused pair
+without changing numbers beyond rms_norm's own tolerance. gamma may be x's dtype or float32.
+
+The CPU implementation walks blocks of rows small enough to stay in cache, so the fp32 copy of a
+bf16/fp16 input and the products exist one block at a time, never for the whole tensor.
+"""
+import math
+
+import torch
+from torch import Tensor
+
+from npu_graph.kernels.checks import require, require_dtype, require_same
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CHUNK_ELEMS = 1 << 20
+
+
+def _rstd_shape(x_shape: torch.Size, gamma_dim: int) -> list[int]:
+    return [*x_shape[:len(x_shape) - gamma_dim], *([1] * gamma_dim)]
+
+
+def _check(op: str, x: Tensor, gamma: Tensor, epsilon: float) -> None:
+    require_dtype(op, "x", x, FLOAT_DTYPES)
+    require_dtype(op, "gamma", gamma, dict.fromkeys((x.dtype, torch.float32)))
+    require(1 <= gamma.dim() <= x.dim(), f"{op}: `gamma` must have rank 1..{x.dim()} (the normalized trailing "
+                                         f"dimensions of x), got shape {tuple(gamma.shape)}")
+    require(tuple(x.shape[x.dim() - gamma.dim():]) == tuple(gamma.shape),
+            f"{op}: `gamma` of shape {tuple(gamma.shape)} must equal the trailing dimensions of x "
+            f"{tuple(x.shape)}")
+    require(epsilon >= 0, f"{op}: `epsilon` must be >= 0, got {epsilon}")
+
+
+def _norm_rows(xc: Tensor, gamma: Tensor, epsilon: float, y: Tensor, rstd: Tensor) -> None:
+    """Normalize the rows of one block xc [r, n] into y [r, n] (x's dtype) and rstd [r, 1] (fp32)."""
+    xf = xc.float()
+    sum_sq = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_()
+    torch.rsqrt(sum_sq.div_(xc.shape[-1]).add_(epsilon), out=rstd)
+    if y.dtype == torch.float32:
+        torch.mul(xf, rstd, out=y)
+        y.mul_(gamma)
+    else:
+        y.copy_(xf.mul_(rstd).mul_(gamma))
+
+
+def _row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
+    step = max(1, CHUNK_ELEMS // max(1, n))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _rms_norm_into(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    n = gamma.numel()
+    rows = x.contiguous().view(-1, n)
+    gf = gamma.float().reshape(n)
+    y = torch.empty_like(rows)
+    rstd = torch.empty(rows.shape[0], 1)
+    for start, stop in _row_blocks(rows.shape[0], n):
+        _norm_rows(rows[start:stop], gf, epsilon, y[start:stop], rstd[start:stop])
+    return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
+
+
+@torch.library.custom_op("ascend_dsa::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """RMSNorm over gamma's trailing dimensions: returns (y in x's dtype, rstd fp32 with those dims as 1)."""
+    _check("rms_norm", x, gamma, epsilon)
+    return _rms_norm_into(x, gamma, epsilon)
+
+
+@rms_norm.register_fake
+def _(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+    _check("rms_norm", x, gamma, epsilon)
+    return torch.empty_like(x), x.new_empty(_rstd_shape(x.shape, gamma.dim()), dtype=torch.float32)
+
+
+def reference_rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """The formula in fp32, reducing over gamma's dimensions."""
+    dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).sum(dims, keepdim=True) / math.prod(gamma.shape) + epsilon)
+    return (xf * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def _check_add(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> None:
+    _check("add_rms_norm", x1, gamma, epsilon)
+    require_same("add_rms_norm", "dtypes of `x1` and `x2`", x1.dtype, x2.dtype)
+    require_same("add_rms_norm", "shapes of `x1` and `x2`", tuple(x1.shape), tuple(x2.shape))
+
+
+@torch.library.custom_op("ascend_dsa::add_rms_norm", mutates_args=())
+def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """x = x1 + x2, then RMSNorm of x: returns (y, rstd, x)."""
+    _check_add(x1, x2, gamma, epsilon)
+    n = gamma.numel()
+    a, b = x1.contiguous().view(-1, n), x2.contiguous().view(-1, n)
+    gf = gamma.float().reshape(n)
+    x, y = torch.empty_like(a), torch.empty_like(a)
+    rstd = torch.empty(a.shape[0], 1)
+    for start, stop in _row_blocks(a.shape[0], n):
+        rows = torch.add(a[start:stop], b[start:stop], out=x[start:stop])
+        _norm_rows(rows, gf, epsilon, y[start:stop], rstd[start:stop])
+    return y.view(x1.shape), rstd.view(_rstd_shape(x1.shape, gamma.dim())), x.view(x1.shape)
+
+
+@add_rms_norm.register_fake
+def _(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    _check_add(x1, x2, gamma, epsilon)
+    rstd = x1.new_empty(_rstd_shape(x1.shape, gamma.dim()), dtype=torch.float32)
+    return torch.empty_like(x1), rstd, torch.empty_like(x1)
+
+
+def reference_add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor,
+                           epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """x = x1 + x2 in the input dtype, then reference_rms_norm(x)."""
+    x = x1 + x2
+    y, rstd = reference_rms_norm(x, gamma, epsilon)
+    return y, rstd, x
