@@ -19,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=8, help="decode steps")
     demo.add_argument("--dump-dir", default=None, help="dump folder (default: a new temporary folder)")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
+    demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
     bench = sub.add_parser("bench", help="benchmarks measured side by side (ours vs eager vs Inductor)")
     bench.add_argument("suite", help="suite name: e2e, kernels")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -56,7 +56,7 @@ def _graphs_table(reports: list[GraphReport]) -> Table:
         changed = ", ".join(p["name"] for p in r.passes if p["changed"]) or "-"
         fused = ", ".join(f"{op}×{n}" for op, n in r.fused_ops.items()) or "-"
         table.add_row(r.name, f"{r.nodes_before} → {r.nodes_after}", changed, fused,
-                      f"{r.cache} ({r.cache_reason})" if r.cache_reason else r.cache,
+                      r.cache if r.cache == "hit" or not r.cache_reason else f"{r.cache}: {r.cache_reason}",
                       f"{r.timings_ms.get('compile', 0):.0f}")
     return table
 
@@ -100,7 +100,7 @@ def run_demo(args: argparse.Namespace) -> int:
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     with console.status("running eagerly ..."):
         eager = generate(model, ids, args.steps, model.new_cache(1))
-    backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": False})
+    backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
     with console.status("compiling with ascend_dsa and running (prefill + decode graphs) ..."):
         compiled = generate(torch.compile(model, backend=backend), ids, args.steps, model.new_cache(1))

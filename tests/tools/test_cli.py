@@ -1,5 +1,6 @@
 """The ascend-dsa command line as a user runs it: demo output, module entry, bench errors."""
 import json
+import os
 import subprocess
 import sys
 
@@ -8,13 +9,13 @@ import pytest
 from npu_graph.tools import bench_e2e
 
 
-def run_cli(*args, timeout=600):
+def run_cli(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "npu_graph", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_demo_tiny_json(tmp_path):
-    p = run_cli("demo", "--config", "tiny", "--prompt-len", "40", "--steps", "3", "--json",
+    p = run_cli("demo", "--config", "tiny", "--prompt-len", "40", "--steps", "3", "--json", "--no-cache",
                 "--dump-dir", str(tmp_path))
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout)
@@ -26,10 +27,15 @@ def test_demo_tiny_json(tmp_path):
         assert "<svg" in f.read()
 
 
-def test_demo_table_mentions_dump_and_graphs(tmp_path):
-    p = run_cli("demo", "--config", "tiny", "--prompt-len", "24", "--steps", "2", "--dump-dir", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    assert "graphs compiled by ascend_dsa" in p.stdout and str(tmp_path) in p.stdout.replace("\n", "")
+def test_demo_table_mentions_dump_graphs_and_cache_hits(tmp_path):
+    args = ["demo", "--config", "tiny", "--prompt-len", "24", "--steps", "2"]
+    env = {"ASCEND_DSA_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_cli(*args, "--dump-dir", str(tmp_path / "a"), env=env)
+    assert first.returncode == 0, first.stderr
+    assert "graphs compiled by ascend_dsa" in first.stdout and "miss" in first.stdout
+    assert str(tmp_path / "a") in first.stdout.replace("\n", "")
+    second = run_cli(*args, "--dump-dir", str(tmp_path / "b"), env=env)
+    assert second.returncode == 0 and "hit" in second.stdout
 
 
 def test_unknown_bench_suite_is_a_clear_error():
