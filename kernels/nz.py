@@ -12,10 +12,10 @@ own documentation writes the same bytes as [..., N1, M1*16, C0] (ND (8, 100, 30)
 classic torch_npu layout for fp32 (the newer aclnn path can pick C0 = 32 bytes / 4 = 8 instead).
 
 Plain functions, not ops: packing is done once at load time, on weights. Both directions move raw bits
-through an integer view, so the round trip is bit exact for every dtype, fp8 and NaN payloads included.
+through an integer view, so the round trip is bit exact for every dtype, fp8 and NaN payloads included,
+and each is a single strided copy (plus zeroing the padding), no padded intermediate.
 """
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from npu_graph.kernels.checks import require
@@ -40,14 +40,27 @@ def nz_shape(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.S
     return torch.Size([*batch, -(-n // cols), -(-m // rows), rows, cols])
 
 
+def _grid(packed_bits: Tensor) -> Tensor:
+    """View packed [..., N1, M1, 16, C0] as the padded matrix cut into column blocks: [..., M1*16, N1, C0]."""
+    *batch, n1, m1, rows, cols = packed_bits.shape
+    return packed_bits.movedim(-4, -2).view(*batch, m1 * rows, n1, cols)
+
+
 def pack_nz(x: Tensor) -> Tensor:
     """Pack `x` [..., M, N] into FRACTAL_NZ [..., N1, M1, 16, C0], zero padded; same dtype as `x`."""
     target = nz_shape(x.shape, x.dtype)
-    n1, m1, rows, cols = target[-4:]
     bits = x.view(_BITS_DTYPE[x.dtype.itemsize])
-    padded = F.pad(bits, (0, n1 * cols - x.shape[-1], 0, m1 * rows - x.shape[-2]))
-    tiles = padded.view(*x.shape[:-2], m1, rows, n1, cols).movedim(-2, -4)
-    return tiles.contiguous().view(x.dtype)
+    out = torch.empty(target, dtype=bits.dtype)
+    grid = _grid(out)
+    *batch, m, n = x.shape
+    cols = grid.shape[-1]
+    full, tail = divmod(n, cols)
+    grid[..., :m, :full, :].copy_(bits[..., :full * cols].view(*batch, m, full, cols))
+    if tail:
+        grid[..., :m, full, :tail].copy_(bits[..., full * cols:])
+        grid[..., :m, full, tail:].zero_()
+    grid[..., m:, :, :].zero_()
+    return out.view(x.dtype)
 
 
 def unpack_nz(packed: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
@@ -55,8 +68,12 @@ def unpack_nz(packed: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
     expected = nz_shape(shape, packed.dtype)
     require(packed.shape == expected, f"unpack_nz: `packed` has shape {tuple(packed.shape)}; the NZ packing of "
                                       f"shape {tuple(shape)} in {packed.dtype} is {tuple(expected)}")
+    grid = _grid(packed.view(_BITS_DTYPE[packed.dtype.itemsize]))
     *batch, m, n = shape
-    n1, m1, rows, cols = expected[-4:]
-    bits = packed.view(_BITS_DTYPE[packed.dtype.itemsize]).movedim(-4, -2)
-    plain = bits.reshape(*batch, m1 * rows, n1 * cols)[..., :m, :n]
-    return plain.contiguous().view(packed.dtype)
+    cols = grid.shape[-1]
+    full, tail = divmod(n, cols)
+    out = torch.empty(shape, dtype=grid.dtype)
+    out[..., :full * cols].view(*batch, m, full, cols).copy_(grid[..., :m, :full, :])
+    if tail:
+        out[..., full * cols:].copy_(grid[..., :m, full, :tail])
+    return out.view(packed.dtype)

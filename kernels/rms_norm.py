@@ -38,6 +38,7 @@ def _check(op: str, x: Tensor, gamma: Tensor, epsilon: float) -> None:
     require(tuple(x.shape[x.dim() - gamma.dim():]) == tuple(gamma.shape),
             f"{op}: `gamma` of shape {tuple(gamma.shape)} must equal the trailing dimensions of x "
             f"{tuple(x.shape)}")
+    require(gamma.numel() > 0, f"{op}: `gamma` of shape {tuple(gamma.shape)} is empty; there is nothing to normalize")
     require(epsilon >= 0, f"{op}: `epsilon` must be >= 0, got {epsilon}")
 
 
@@ -58,7 +59,7 @@ def _row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _rms_norm_into(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
     n = gamma.numel()
     rows = x.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
@@ -73,7 +74,7 @@ def _rms_norm_into(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Te
 def rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     """RMSNorm over gamma's trailing dimensions: returns (y in x's dtype, rstd fp32 with those dims as 1)."""
     _check("rms_norm", x, gamma, epsilon)
-    return _rms_norm_into(x, gamma, epsilon)
+    return _rms_norm_rows(x, gamma, epsilon)
 
 
 @rms_norm.register_fake

@@ -84,7 +84,10 @@ def test_round_trip_law(batch, m, n, dtype):
     x = random_bits((*batch, m, n), dtype, seed=m * 131 + n)
     packed = nz.pack_nz(x)
     rows, cols = nz.nz_fractal(dtype)
-    assert packed.numel() == x.numel() // (m * n) * (-(-m // rows) * rows) * (-(-n // cols) * cols)
+    padded_m, padded_n = -(-m // rows) * rows, -(-n // cols) * cols
+    assert packed.numel() == x.numel() // (m * n) * padded_m * padded_n
+    plain = packed.view(BITS[dtype.itemsize]).movedim(-4, -2).reshape(*batch, padded_m, padded_n)
+    assert not plain[..., m:, :].any() and not plain[..., :, n:].any()
     assert same_bits(nz.unpack_nz(packed, x.shape), x)
 
 

@@ -92,6 +92,7 @@ def test_add_rms_norm_equals_rms_norm_of_the_sum(dtype, shape):
     ((torch.randn(4, 8).bfloat16(), torch.ones(8).half()), "`gamma` has dtype torch.float16"),
     ((torch.ones(4, 8, dtype=torch.int32), torch.ones(8)), "`x` has dtype torch.int32"),
     ((torch.randn(4, 8), torch.ones(8), -1.0), "`epsilon` must be >= 0"),
+    ((torch.randn(4, 0), torch.ones(0)), "is empty; there is nothing to normalize"),
 ])
 def test_rms_norm_rejects_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
