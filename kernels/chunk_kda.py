@@ -108,34 +108,41 @@ def _write_blocks(out: torch.Tensor, blocks: torch.Tensor, seg: int, rows: slice
     diag[..., rows, cols, :] = blocks.movedim(-3, -1)
 
 
-def _decayed_gram(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor) -> torch.Tensor:
-    """out[..., i, r, j] = sum_c x[..., i, r, c] y[..., j, c] exp(gc[..., r, c] - gc[..., j, c]) for j <= r, else 0.
+def _decayed_gram(rows: list[torch.Tensor], y: torch.Tensor, gc: torch.Tensor) -> list[torch.Tensor]:
+    """For each x in rows: out[..., r, j] = sum_c x[..., r, c] y[..., j, c] exp(gc[..., r, c] - gc[..., j, c])
+    for j <= r, else 0.
 
-    x [Bt, R, C, K], y and gc [Bt, C, K] with gc non-increasing along C. A segment whose decay range fits
-    in +-_SAFE_EXPONENT around its middle step m is done with one GEMM of x*exp(gc-gc_m) by y*exp(gc_m-gc).
+    x, y and gc are [Bt, C, K], gc non-increasing along C. A segment whose decay range fits in
+    +-_SAFE_EXPONENT around its middle step m is done with one GEMM of x*exp(gc-gc_m) by y*exp(gc_m-gc).
     Otherwise the segment is halved: the (right half x left half) block uses the split point p as
     reference, where both factors exp(gc_r - gc_p) and exp(gc_p - gc_j) are <= 1, and the halves recurse.
     """
-    bt, nr, c, kd = x.shape
-    out = x.new_zeros(bt, nr, c, c)
+    bt, c, kd = y.shape
+    outs = [y.new_zeros(bt, c, c) for _ in rows]
     n = c
-    while out.numel():
+    while bt:
         s = c // n
-        xs, ys, gs = x.view(bt, nr, s, n, kd), y.view(bt, 1, s, n, kd), gc.view(bt, 1, s, n, kd)
-        ref = gs[..., n // 2: n // 2 + 1, :]
-        span = torch.maximum(gs[..., :1, :] - ref, ref - gs[..., -1:, :]).max().item() if n > 1 else 0.0
+        ys, gs = y.view(bt, s, n, kd), gc.view(bt, s, n, kd)
+        ref = gs[:, :, n // 2: n // 2 + 1]
+        span = torch.maximum(gs[:, :, :1] - ref, ref - gs[:, :, -1:]).max().item() if n > 1 else 0.0
         if span <= _SAFE_EXPONENT:
             e = torch.exp(gs - ref)
-            block = torch.matmul(xs * e, (ys / e).transpose(-1, -2)).tril_()
-            _write_blocks(out, block, n, slice(None), slice(None))
-            return out
+            cols = (ys / e).transpose(-1, -2)
+            blocks = [torch.matmul(x.view(bt, s, n, kd) * e, cols).tril_() for x in rows]
+            if s == 1:
+                return [block.view(bt, c, c) for block in blocks]
+            for out, block in zip(outs, blocks):
+                _write_blocks(out, block, n, slice(None), slice(None))
+            return outs
         h = n // 2
-        pivot = gs[..., h - 1: h, :]
-        rows = xs[..., h:, :] * _exp_decay(gs[..., h:, :] - pivot)
-        cols = ys[..., :h, :] * _exp_decay(pivot - gs[..., :h, :])
-        _write_blocks(out, torch.matmul(rows, cols.transpose(-1, -2)), n, slice(h, None), slice(None, h))
+        pivot = gs[:, :, h - 1: h]
+        right = _exp_decay(gs[:, :, h:] - pivot)
+        cols = (ys[:, :, :h] * _exp_decay(pivot - gs[:, :, :h])).transpose(-1, -2)
+        for out, x in zip(outs, rows):
+            block = torch.matmul(x.view(bt, s, n, kd)[:, :, h:] * right, cols)
+            _write_blocks(out, block, n, slice(h, None), slice(None, h))
         n = h
-    return out
+    return outs
 
 
 class _Intra(NamedTuple):
@@ -155,33 +162,33 @@ def _intra(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
     flat = (n * bh, c)
     gc = g.cumsum(dim=2).view(*flat, kd)
     kf = k.view(*flat, kd)
-    rows = kf.unsqueeze(1) if q is None else torch.stack((kf, q.view(*flat, kd)), dim=1)
-    gram = _decayed_gram(rows, kf, gc)
+    grams = _decayed_gram([kf] if q is None else [kf, q.view(*flat, kd)], kf, gc)
     b_col = beta.view(*flat, 1)
     exp_g = _exp_decay(gc)
     eye = torch.eye(c, dtype=k.dtype).expand(*flat, c)
-    inverse = torch.linalg.solve_triangular(gram[:, 0] * b_col, eye, upper=False, unitriangular=True)
+    inverse = torch.linalg.solve_triangular(grams[0] * b_col, eye, upper=False, unitriangular=True)
     w_v = torch.bmm(inverse, v.view(*flat, -1) * b_col)
     w_k = torch.bmm(inverse, kf * exp_g * b_col)
     g_last = gc[:, -1:, :]
-    k_tail = (kf * _exp_decay(g_last - gc)).transpose(-1, -2).contiguous()
+    k_tail = (kf * _exp_decay(g_last - gc)).transpose(-1, -2)
     q_decay = q.view(*flat, kd) * exp_g if q is not None else exp_g.new_empty(0)
-    m_qk = gram[:, 1] if q is not None else exp_g.new_empty(0)
+    m_qk = grams[1] if q is not None else exp_g.new_empty(0)
     shaped = [t.view(n, bh, *t.shape[1:]) if t.numel() else t
               for t in (w_v, w_k, k_tail, _exp_decay(g_last).transpose(-1, -2), q_decay, m_qk)]
     return _Intra(*shaped)
 
 
-def _scan(intra: _Intra, state: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Carry the state [B*H, K, V] over the chunks: returns the final state, the state entering each
-    chunk and U = W_v - W_k S of each chunk."""
-    entering, us = [], []
-    for i in range(intra.w_v.shape[0]):
-        entering.append(state)
-        u = torch.baddbmm(intra.w_v[i], intra.w_k[i], state, alpha=-1.0)
-        state = torch.baddbmm(state * intra.decay[i], intra.k_tail[i], u)
-        us.append(u)
-    return state, entering, us
+def _scan(intra: _Intra, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Carry the state [B*H, K, V] over the chunks: returns the final state, the states entering the
+    chunks [N, B*H, K, V] and U = W_v - W_k S of every chunk [N, B*H, C, V]."""
+    n = intra.w_v.shape[0]
+    states = state.new_empty((n + 1, *state.shape))
+    states[0] = state
+    us = intra.w_v.clone()
+    for i in range(n):
+        us[i].baddbmm_(intra.w_k[i], states[i], alpha=-1.0)
+        torch.mul(states[i], intra.decay[i], out=states[i + 1]).baddbmm_(intra.k_tail[i], us[i])
+    return states[n].clone(), states[:n], us
 
 
 def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -194,11 +201,11 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
     intra = _intra(kc, vc, gc, bc, qc)
     state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
-        else initial_state.reshape(b * h, dk, dv).clone()
+        else initial_state.reshape(b * h, dk, dv)
     final, entering, us = _scan(intra, state)
     n, c = kc.shape[0], chunk_size
-    o = torch.matmul(intra.q_decay, torch.stack(entering)).view(n * b * h, c, dv)
-    o = torch.baddbmm(o, intra.m_qk.view(-1, c, c), torch.stack(us).view(-1, c, dv))
+    o = torch.matmul(intra.q_decay, entering).view(n * b * h, c, dv)
+    o = torch.baddbmm(o, intra.m_qk.view(-1, c, c), us.view(-1, c, dv))
     o = o.view(n, b, h, c, dv).permute(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t_len]
     o = o.to(v.dtype).contiguous()
     final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)

@@ -86,7 +86,8 @@ def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     start = 0
     for e, n in enumerate(counts):
         if n:
-            rows[start:start + n] = _swiglu_expert(tokens[start:start + n], w13[e], w2[e]) * scale[start:start + n]
+            part = slice(start, start + n)
+            torch.mul(_swiglu_expert(tokens[part], w13[e], w2[e]), scale[part], out=rows[part])
             start += n
     out = torch.zeros(x.shape, dtype=torch.float32)
     return out.index_add_(0, token_of, rows).to(x.dtype)

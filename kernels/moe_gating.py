@@ -104,13 +104,17 @@ def reference_moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | Non
 def _stable_topk(score: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest fp32 scores per row, best first, ties to the lower index.
 
-    torch.topk leaves the order of ties open and a stable sort is ~8x slower, so topk runs on unique
-    int64 keys: the fp32 bits mapped to an order-preserving int32 (negative floats have their magnitude
-    bits flipped; +0.0 folds -0.0 into +0.0), times E, plus a rank that favours lower indices.
+    torch.topk leaves the order of equal values open. Without ties among the k+1 best of a row its
+    answer is the only one; otherwise topk runs on unique int64 keys: the fp32 bits mapped to an
+    order-preserving int32 (negative floats get their magnitude bits flipped; +0.0 folds -0.0 into
+    +0.0), times E, plus a rank that favours lower indices. (A stable sort would be ~8x slower.)
     """
+    width = score.shape[-1]
+    values, idx = score.topk(min(k + 1, width), dim=-1)
+    if not (values[:, 1:] == values[:, :-1]).any():
+        return idx[:, :k]
     bits = (score + 0.0).view(torch.int32)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
-    width = score.shape[-1]
     key = ordered * width + torch.arange(width - 1, -1, -1)
     return key.topk(k, dim=-1).indices
 
