@@ -5,6 +5,11 @@ from collections.abc import Iterable
 import torch
 
 
+class FusedPreconditionError(ValueError):
+    """A fused op found at run time that its inputs break a condition the fusion relied on (e.g. a mask
+    that is not causal). The backend catches it and runs that graph eagerly from then on."""
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ValueError(message) unless condition holds."""
     if not condition:

@@ -26,6 +26,7 @@ from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig
 from npu_graph.dump import GraphDump
+from npu_graph.kernels.checks import FusedPreconditionError
 from npu_graph.report import GraphReport
 from npu_graph.verify import verified
 
@@ -59,6 +60,7 @@ class Backend:
         except Exception as exc:
             return self._fall_back(gm, name, exc)
         log.info("ascend_dsa: %s ready in %.1f ms", name, (time.perf_counter() - start) * 1e3)
+        compiled = eager_on_precondition_failure(name, compiled, gm.forward, self.config.strict)
         if self.config.verify.enabled:
             v = self.config.verify
             return verified(name, gm.forward, compiled, v.atol, v.rtol, self.config.strict)
@@ -135,6 +137,29 @@ class Backend:
         self._add_report(GraphReport(name=name, inference=not torch.is_grad_enabled(), target=self.config.target,
                                      fallback=step))
         return gm.forward
+
+
+def eager_on_precondition_failure(name: str, compiled: Callable[..., Any], eager: Callable[..., Any],
+                                  strict: bool) -> Callable[..., Any]:
+    """Run `compiled`; if a fused op reports at run time that its inputs break what the fusion assumed,
+    warn once and run this graph eagerly from then on (inputs are untouched: in-place updates of graph
+    inputs happen at the end of the graph)."""
+    state = {"eager": False}
+
+    def run(*args: Any) -> Any:
+        if state["eager"]:
+            return eager(*args)
+        try:
+            return compiled(*args)
+        except FusedPreconditionError as exc:
+            if strict:
+                raise
+            state["eager"] = True
+            warnings.warn(f"ascend_dsa: {name}: {exc}; this graph runs eagerly from now on",
+                          CompilationFallbackWarning, stacklevel=2)
+            return eager(*args)
+
+    return run
 
 
 _BACKENDS: dict[str, Backend] = {}

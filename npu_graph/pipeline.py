@@ -15,10 +15,11 @@ from typing import Any
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes import canonicalize
+from npu_graph.passes import canonicalize, fuse_lightning_indexer
 
 PASSES: list[ModuleType] = [
     canonicalize,
+    fuse_lightning_indexer,
 ]
 
 

@@ -97,10 +97,12 @@ _SMALL = HybridConfig(
 )
 
 CONFIGS: dict[str, HybridConfig] = {
+    # tiny uses 16 index heads: with few heads, ReLU makes exact-zero scores common and top-k among exact ties
+    # is arbitrary (eager and fused picks may then differ).
     "tiny": HybridConfig(
         vocab_size=256, hidden_size=64, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=4,
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
-        index_n_heads=4, index_head_dim=32, index_rope_head_dim=16, index_topk=16,
+        index_n_heads=16, index_head_dim=32, index_rope_head_dim=16, index_topk=16,
         kda_num_heads=2, kda_head_dim=32, intermediate_size=128,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
         moe_intermediate_size=32, max_context=256, block_size=16, initializer_range=0.1,

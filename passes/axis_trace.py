@@ -1,0 +1,358 @@
+"""Axis tracing: read a chain of ATen views, permutes, broadcasts, casts, (b)mm, mul, sum, relu and softmax
+as the einsum-like expression it computes, whatever way the model wrote it (einsum, matmul, bmm, `*`+`sum`).
+
+Every dimension of a traced value is a tuple of atomic axes (merged dims list several; size-1 dims list
+none). Leaves are the first nodes the tracer cannot see through; each leaf dim gets a fresh axis. A fusion
+pass then asks structural questions ("which axis is contracted between q and k?") instead of matching one
+exact op sequence, and rebuilds its inputs from leaves with `materialize`.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+_ids = itertools.count()
+
+
+class TraceError(Exception):
+    """The subgraph is not an expression the tracer understands; the message says where."""
+
+
+@dataclass(eq=False)
+class Axis:
+    """One index of the expression. Axes that a contraction or product identifies are merged
+    (union-find): compare axes with `find(a) is find(b)`."""
+
+    size: object
+    broadcast: bool = False
+    id: int = field(default_factory=lambda: next(_ids))
+    parent: Axis | None = None
+    source: tuple[torch.fx.Node, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"{'b' if self.broadcast else 'a'}{find(self).id}[{self.size}]"
+
+
+def find(axis: Axis) -> Axis:
+    while axis.parent is not None:
+        axis = axis.parent
+    return axis
+
+
+Dim = tuple[Axis, ...]
+
+
+@dataclass(eq=False)
+class Expr:
+    """kind: leaf | matmul | mul | sum | relu | softmax; `node` is the graph node whose value this is
+    (its constant factor `scale` included); `reduced` are the axes a matmul or sum contracts."""
+
+    kind: str
+    node: torch.fx.Node | None = None
+    factors: tuple[Expr, ...] = ()
+    reduced: frozenset = frozenset()
+    scale: float = 1.0
+    axis: Axis | None = None
+
+    def leaves(self) -> list[Expr]:
+        if self.kind == "leaf":
+            return [self]
+        return [leaf for f in self.factors for leaf in f.leaves()]
+
+
+@dataclass
+class Value:
+    dims: list[Dim]
+    expr: Expr
+
+
+def same_size(a: object, b: object) -> bool:
+    return statically_known_true(a == b) if not (isinstance(a, int) and isinstance(b, int)) else a == b
+
+
+def _shape(node: torch.fx.Node) -> list[object]:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise TraceError(f"{node.name} has no tensor metadata")
+    return list(val.shape)
+
+
+def dim_size(dim: Dim) -> object:
+    return math.prod([a.size for a in dim]) if dim else 1
+
+
+_TRANSPARENT = {aten._to_copy.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
+                aten.lift_fresh_copy.default}
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+class Tracer:
+    """Traces values backwards from a node; one Tracer per match attempt (it memoises leaves)."""
+
+    def __init__(self, stop: set[torch.fx.Node] | None = None):
+        self.memo: dict[torch.fx.Node, Value] = {}
+        self.leaf_dims: dict[torch.fx.Node, list[Dim]] = {}
+        self.stop = stop or set()
+
+    def trace(self, node: torch.fx.Node) -> Value:
+        if node not in self.memo:
+            try:
+                self.memo[node] = self._trace(node) if node not in self.stop else self.leaf(node)
+            except TraceError:
+                self.memo[node] = self.leaf(node)
+        return self.memo[node]
+
+    def leaf(self, node: torch.fx.Node) -> Value:
+        dims = [() if same_size(s, 1) else (Axis(s, source=(node, i)),) for i, s in enumerate(_shape(node))]
+        self.leaf_dims[node] = dims
+        return Value(list(dims), Expr("leaf", node=node))
+
+    def _trace(self, node: torch.fx.Node) -> Value:
+        if node.op != "call_function":
+            raise TraceError("not a call")
+        handler = _HANDLERS.get(node.target)
+        if handler is None:
+            raise TraceError(f"{node.target} is opaque")
+        return handler(self, node)
+
+
+def _regroup(dims: list[Dim], shape: list[object]) -> list[Dim]:
+    """Dims after a view to `shape`: merges and un-merges along atomic-axis boundaries only."""
+    atoms = [a for d in dims for a in d]
+    out, i = [], 0
+    for size in shape:
+        if same_size(size, 1):
+            out.append(())
+            continue
+        group: list[Axis] = []
+        while i < len(atoms) and not same_size(dim_size(tuple(group)), size):
+            group.append(atoms[i])
+            i += 1
+        if not same_size(dim_size(tuple(group)), size):
+            raise TraceError("view splits an atomic axis")
+        out.append(tuple(group))
+    if i != len(atoms):
+        raise TraceError("view drops axes")
+    return out
+
+
+def _view(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    return Value(_regroup(src.dims, _shape(node)), src.expr)
+
+
+def _permute(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    order = [d % len(src.dims) for d in node.args[1]]
+    return Value([src.dims[d] for d in order], src.expr)
+
+
+def _transpose(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    dims = list(src.dims)
+    if node.target == aten.t.default:
+        a, b = 0, len(dims) - 1
+    else:
+        a, b = (d % len(dims) for d in node.args[1:3])
+    dims[a], dims[b] = dims[b], dims[a]
+    return Value(dims, src.expr)
+
+
+def _unsqueeze_or_squeeze(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    return Value(_regroup(src.dims, _shape(node)), src.expr)
+
+
+def _expand(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    shape = _shape(node)
+    dims = [()] * (len(shape) - len(src.dims)) + list(src.dims)
+    out = []
+    for d, size in zip(dims, shape):
+        out.append(d if d or same_size(size, 1) else (Axis(size, broadcast=True),))
+    return Value(out, src.expr)
+
+
+def _passthrough(t: Tracer, node: torch.fx.Node) -> Value:
+    return t.trace(node.args[0])
+
+
+def _unify_axis(x: Axis, y: Axis) -> Axis:
+    rx, ry = find(x), find(y)
+    if rx is ry:
+        return rx
+    if not same_size(rx.size, ry.size):
+        raise TraceError("dims of different sizes meet")
+    if rx.broadcast and not ry.broadcast:
+        rx, ry = ry, rx
+    ry.parent = rx
+    return rx
+
+
+def unify_dim(a: Dim, b: Dim) -> Dim:
+    """Two dims that must index the same thing: their axes are identified atom by atom (a broadcast
+    dim takes the other side's axes)."""
+    if not a or not b:
+        return a or b
+    if len(a) == len(b):
+        return tuple(_unify_axis(x, y) for x, y in zip(a, b))
+    if all(x.broadcast for x in a):
+        return b
+    if all(x.broadcast for x in b):
+        return a
+    raise TraceError("dims index different axes")
+
+
+def _contract(kind: str, node: torch.fx.Node, factors: list[Value], out_dims: list[Dim], reduced: set[Axis]
+              ) -> Value:
+    exprs = tuple(f.expr for f in factors)
+    return Value(out_dims, Expr(kind, node=node, factors=exprs, reduced=frozenset(reduced)))
+
+
+def _bmm(t: Tracer, node: torch.fx.Node) -> Value:
+    a, b = t.trace(node.args[0]), t.trace(node.args[1])
+    batch = [unify_dim(x, y) for x, y in zip(a.dims[:-2], b.dims[:-2])]
+    contracted = unify_dim(a.dims[-1], b.dims[-2])
+    if not contracted or any(x.broadcast for x in contracted):
+        raise TraceError("matmul contracts different axes")
+    return _contract("matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]], set(contracted))
+
+
+def _mul(t: Tracer, node: torch.fx.Node) -> Value:
+    x, y = node.args[0], node.args[1]
+    if not isinstance(y, torch.fx.Node) or not isinstance(x, torch.fx.Node):
+        src = t.trace(x if isinstance(x, torch.fx.Node) else y)
+        factor = y if isinstance(x, torch.fx.Node) else x
+        if node.target == aten.div.Tensor:
+            factor = 1.0 / factor
+        expr = Expr(src.expr.kind, node, src.expr.factors, src.expr.reduced, src.expr.scale * float(factor),
+                    src.expr.axis)
+        return Value(src.dims, expr)
+    if node.target == aten.div.Tensor:
+        raise TraceError("division by a tensor")
+    a, b = t.trace(x), t.trace(y)
+    rank = max(len(a.dims), len(b.dims))
+    da = [()] * (rank - len(a.dims)) + list(a.dims)
+    db = [()] * (rank - len(b.dims)) + list(b.dims)
+    return _contract("mul", node, [a, b], [unify_dim(p, q) for p, q in zip(da, db)], set())
+
+
+def _sum(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    dims = node.args[1] if len(node.args) > 1 else list(range(len(src.dims)))
+    dims = {d % len(src.dims) for d in ([dims] if isinstance(dims, int) else dims)}
+    keep = len(node.args) > 2 and node.args[2]
+    reduced = {a for i in dims for a in src.dims[i]}
+    out = [(() if i in dims else d) for i, d in enumerate(src.dims) if keep or i not in dims]
+    return Value(out, Expr("sum", node=node, factors=(src.expr,), reduced=frozenset(reduced)))
+
+
+def _relu(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    return Value(src.dims, Expr("relu", node=node, factors=(src.expr,)))
+
+
+def _softmax(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    dim = src.dims[node.args[1] % len(src.dims)]
+    if len(dim) != 1:
+        raise TraceError("softmax over a merged dim")
+    return Value(src.dims, Expr("softmax", node=node, factors=(src.expr,), axis=dim[0]))
+
+
+_HANDLERS = {
+    **dict.fromkeys(_VIEWS, _view),
+    **dict.fromkeys(_TRANSPARENT, _passthrough),
+    aten.permute.default: _permute,
+    aten.transpose.int: _transpose,
+    aten.t.default: _transpose,
+    aten.unsqueeze.default: _unsqueeze_or_squeeze,
+    aten.squeeze.dim: _unsqueeze_or_squeeze,
+    aten.squeeze.dims: _unsqueeze_or_squeeze,
+    aten.squeeze.default: _unsqueeze_or_squeeze,
+    aten.expand.default: _expand,
+    aten.bmm.default: _bmm,
+    aten.mm.default: _bmm,
+    aten.mul.Tensor: _mul,
+    aten.div.Tensor: _mul,
+    aten.sum.dim_IntList: _sum,
+    aten.relu.default: _relu,
+    aten._softmax.default: _softmax,
+}
+
+
+POINTWISE = ("mul", "sum")
+
+
+def flatten(expr: Expr) -> Expr:
+    """Merge nested pointwise products and sums into one (matmul, relu and softmax stay boundaries)."""
+    if expr.kind not in POINTWISE:
+        return expr
+    factors: list[Expr] = []
+    reduced, scale = set(expr.reduced), expr.scale
+    for factor in map(flatten, expr.factors):
+        if factor.kind in POINTWISE:
+            factors += factor.factors
+            reduced |= factor.reduced
+            scale *= factor.scale
+        else:
+            factors.append(factor)
+    return Expr("mul", node=expr.node, factors=tuple(factors), reduced=frozenset(reduced), scale=scale)
+
+
+def as_leaf(tracer: Tracer, expr: Expr) -> Expr:
+    """Treat the node holding `expr` as a leaf (its value, scale included, is used as it is)."""
+    if expr.node not in tracer.leaf_dims:
+        tracer.leaf_dims[expr.node] = tracer.memo[expr.node].dims
+    return Expr("leaf", node=expr.node)
+
+
+def size_arg(graph: torch.fx.Graph, axes: tuple[Axis, ...] | list[Axis]) -> object:
+    """The size of merged axes as a graph argument: an int, or nodes reading symbolic sizes at run time."""
+    static, symbolic = 1, []
+    for axis in axes:
+        if isinstance(axis.size, int):
+            static *= axis.size
+            continue
+        if axis.source is None:
+            raise TraceError("symbolic size without a source tensor")
+        symbolic.append(graph.call_function(aten.sym_size.int, axis.source))
+    result: object = static
+    for node in symbolic:
+        result = node if result == 1 else graph.call_function(operator.mul, (result, node))
+    return result
+
+
+def materialize(graph: torch.fx.Graph, leaf: torch.fx.Node, leaf_dims: list[Dim], want: list[Dim]
+                ) -> torch.fx.Node:
+    """Emit nodes that lay out `leaf` as the dims `want` (each a tuple of the leaf's atomic axes; axes the
+    leaf lacks become size-1 dims that are expanded). Call inside `graph.inserting_before(...)`."""
+    atoms = [a for d in leaf_dims for a in d]
+    roots = [find(a) for a in atoms]
+    wanted = [find(a) for d in want for a in d if find(a) in roots]
+    if sorted(map(id, wanted)) != sorted(map(id, roots)) or len(set(map(id, roots))) != len(roots):
+        raise TraceError("layout does not use every axis of the leaf exactly once")
+    node = graph.call_function(aten.reshape.default, (leaf, [size_arg(graph, [a]) for a in atoms]))
+    order = [roots.index(a) for a in wanted]
+    if order != sorted(order):
+        node = graph.call_function(aten.permute.default, (node, order))
+    by_root = {id(r): a for r, a in zip(roots, atoms)}
+    shape = [size_arg(graph, [by_root[id(find(a))] for a in d if find(a) in roots]) for d in want]
+    node = graph.call_function(aten.reshape.default, (node, shape))
+    if any(find(a) not in roots for d in want for a in d):
+        full = [size_arg(graph, [_sourced(a) for a in d]) for d in want]
+        node = graph.call_function(aten.expand.default, (node, full))
+    return node
+
+
+def _sourced(axis: Axis) -> Axis:
+    """An axis with a size source: the axis itself, or the real axis it was unified with."""
+    root = find(axis)
+    return axis if axis.source is not None or isinstance(axis.size, int) else root

@@ -1,0 +1,203 @@
+"""fuse_lightning_indexer: relevance scoring + head weighting + (mask) + top-k -> `ascend_dsa.lightning_indexer`.
+
+Pattern (anchored on `topk` over the last dim, largest):
+    score[b,t,s] = c · Σ_h w[b,t,h] · ReLU(c' · Σ_d q[b,t,h,d] · k[b,s,d])   (c' > 0), optionally masked
+The score may be written with einsum, matmul or bmm, `*` + `sum` or a matmul with the weights, with or
+without dtype casts and scales (axis_trace reads all of them alike). Masks (masked_fill / where with -inf, or
+an additive mask) become per-batch lengths through `ascend_dsa.causal_lengths`, which checks at run time
+that the mask is right-down causal. Keys read from a paged cache (`cache[block_table]`) are passed as the
+cache itself with layout PA_BSND: no copy. The fused op pads with -1 where eager top-k returns masked keys;
+for consumers that are not fused, -1 becomes the last key position (masked whenever padding occurs).
+"""
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, find, flatten, materialize, size_arg
+from npu_graph.passes.fusion_graph import leaf_roots, refresh_meta
+from npu_graph.passes.match_util import Mask, NoMatch, near_miss, paged_read, peel_mask, strip_casts, topk_parts, val
+
+NAME = "fuse_lightning_indexer"
+INFERENCE_ONLY = True
+PATTERN = "topk(Σ_h w·relu(q·k) + mask)"
+
+aten = torch.ops.aten
+
+
+@dataclass
+class IndexerMatch:
+    topk: torch.fx.Node
+    count: int
+    tracer: Tracer
+    q: torch.fx.Node
+    k: torch.fx.Node
+    w: torch.fx.Node
+    batch: list
+    rows: list
+    heads: list
+    depth: list
+    keys: Dim
+    scale: float
+    mask: Mask | None
+
+
+def _has_relu(expr: Expr) -> bool:
+    return expr.kind == "relu" or any(_has_relu(f) for f in expr.factors)
+
+
+def _roots(tracer: Tracer, leaf: Expr) -> set[int]:
+    return set(map(id, leaf_roots(tracer.leaf_dims[leaf.node])))
+
+
+def _split_factors(tracer: Tracer, expr: Expr) -> tuple[Expr, Expr, Expr, Expr, float]:
+    """(w, q, k as leaves, the q·k contraction, the overall scale) from c·Σ_h w·relu(c'·Σ_d q·k)."""
+    top = flatten(expr)
+    relus = [f for f in top.factors if f.kind == "relu"]
+    others = [f for f in top.factors if f.kind != "relu"]
+    if top.kind not in ("mul", "matmul") or len(relus) != 1 or len(others) != 1:
+        raise NoMatch("score is not Σ_h w · relu(...)")
+    inner = flatten(relus[0].factors[0])
+    if inner.kind not in ("mul", "matmul") or len(inner.factors) != 2 or not inner.reduced:
+        raise NoMatch("relu input is not a contraction of two tensors")
+    if inner.scale <= 0:
+        raise NoMatch("a non-positive scale inside the relu does not commute with it")
+    w = as_leaf(tracer, others[0])
+    a, b = (as_leaf(tracer, f) for f in inner.factors)
+    w_axes = _roots(tracer, w)
+    q, k = (a, b) if len(_roots(tracer, a) & w_axes) >= len(_roots(tracer, b) & w_axes) else (b, a)
+    return w, q, k, inner, top.scale * relus[0].scale * inner.scale
+
+
+def _roles(tracer: Tracer, score_dims: list[Dim], leaves: tuple[Expr, Expr, Expr], heads: list, depth: list
+           ) -> dict:
+    rw, rq, rk = (_roots(tracer, e) for e in leaves)
+    if not all(id(find(a)) in rq & rk for a in depth) or not all(id(find(a)) in (rq & rw) - rk for a in heads):
+        raise NoMatch("the contracted axes are not (head dim of q and k) and (heads of q and w)")
+    *others, keys = score_dims
+    if not keys or not all(id(find(a)) in rk - rq - rw for a in keys):
+        raise NoMatch("top-k does not run over the key axis")
+    batch, rows = [], []
+    for a in (a for dim in others for a in dim):
+        root = id(find(a))
+        if root in rq & rk & rw and not rows:
+            batch.append(a)
+        elif root in (rq & rw) - rk:
+            rows.append(a)
+        else:
+            raise NoMatch("score dims are not (batch..., query..., key)")
+    return {"batch": batch, "rows": rows, "heads": heads, "depth": depth, "keys": keys}
+
+
+def match(topk: torch.fx.Node) -> IndexerMatch:
+    x, count = topk.args[0], topk.args[1]
+    dim = topk.args[2] if len(topk.args) > 2 else -1
+    largest = topk.args[3] if len(topk.args) > 3 else True
+    score, mask = peel_mask(x)
+    tracer = Tracer()
+    traced = tracer.trace(score)
+    expr = traced.expr
+    near = _has_relu(expr)
+    if not isinstance(count, int) or dim % val(x).dim() != val(x).dim() - 1 or not largest:
+        raise NoMatch("top-k is not a static count over the last dim, largest first", near)
+    if mask is not None and any(s != 1 for s in val(mask.tensor).shape[:val(mask.tensor).dim() - val(x).dim()]):
+        raise NoMatch("the mask has more dims than the score", near)
+    try:
+        w, q, k, inner, scale = _split_factors(tracer, expr)
+        roles = _roles(tracer, traced.dims, (w, q, k), list(flatten(expr).reduced), list(inner.reduced))
+    except (NoMatch, TraceError, KeyError) as exc:
+        raise NoMatch(str(exc), near) from exc
+    return IndexerMatch(topk, count, tracer, q.node, k.node, w.node, scale=scale, mask=mask, **roles)
+
+
+def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, torch.fx.Node | None, str]:
+    paged = paged_read(m.k)
+    dims = m.tracer.leaf_dims[m.k]
+    if paged is not None and len(dims) == 5 and [find(a) for a in m.keys] == [find(a) for d in dims[1:3]
+                                                                              for a in d]:
+        cache, table = paged
+        table = strip_casts(table)
+        if val(table).dtype != torch.int32:
+            table = graph.call_function(aten._to_copy.default, (table,), {"dtype": torch.int32})
+        return cache, table, "PA_BSND"
+    key = materialize(graph, m.k, dims, [tuple(m.batch), tuple(m.keys), (), tuple(m.depth)])
+    return key, None, "BSND"
+
+
+def _lengths(graph: torch.fx.Graph, m: IndexerMatch, score: torch.fx.Node) -> tuple[object, object]:
+    if m.mask is None:
+        return None, None
+    mask = m.mask.tensor
+    if m.mask.kind == "invisible":
+        mask = graph.call_function(aten.logical_not.default, (mask,))
+    dims = m.tracer.trace(score).dims
+    extra = val(m.mask.tensor).dim() - len(dims)
+    if extra > 0:
+        mask = graph.call_function(aten.squeeze.dims, (mask, list(range(extra))))
+    mask = graph.call_function(aten.expand.default, (mask, [size_arg(graph, list(d)) for d in dims]))
+    flat = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
+    mask = graph.call_function(aten.reshape.default, (mask, flat))
+    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, m.mask.kind == "additive"))
+    return (graph.call_function(operator.getitem, (lengths, 0)),
+            graph.call_function(operator.getitem, (lengths, 1)))
+
+
+def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch) -> None:
+    graph = gm.graph
+    values_out, indices_out = topk_parts(m.topk)
+    with graph.inserting_before(m.topk):
+        q = materialize(graph, m.q, m.tracer.leaf_dims[m.q], [tuple(m.batch), tuple(m.rows), tuple(m.heads),
+                                                                tuple(m.depth)])
+        w = materialize(graph, m.w, m.tracer.leaf_dims[m.w], [tuple(m.batch), tuple(m.rows), tuple(m.heads)])
+        if m.scale != 1.0:
+            w = graph.call_function(aten.mul.Tensor, (w, m.scale))
+        key, table, layout = _key_input(graph, m)
+        lengths_q, lengths_k = _lengths(graph, m, peel_mask(m.topk.args[0])[0])
+        fused = graph.call_function(torch.ops.ascend_dsa.lightning_indexer.default,
+                                    (q, key, w, lengths_q, lengths_k, table, None, None),
+                                    {"layout_key": layout, "sparse_count": m.count,
+                                     "sparse_mode": 3 if m.mask is not None else 0})
+        _replace_outputs(graph, m, fused, values_out, indices_out)
+
+
+def _replace_outputs(graph: torch.fx.Graph, m: IndexerMatch, fused: torch.fx.Node, values_out, indices_out) -> None:
+    out_shape = [size_arg(graph, list(d)) for d in m.tracer.trace(peel_mask(m.topk.args[0])[0]).dims[:-1]]
+    out_shape.append(m.count)
+    if indices_out is not None:
+        idx = graph.call_function(operator.getitem, (fused, 0))
+        idx = graph.call_function(aten.reshape.default, (idx, out_shape))
+        last = graph.call_function(aten.sub.Tensor, (size_arg(graph, list(m.keys)), 1)) \
+            if not isinstance(size_arg(graph, list(m.keys)), int) else size_arg(graph, list(m.keys)) - 1
+        padded = graph.call_function(aten.lt.Scalar, (idx, 0))
+        idx = graph.call_function(aten.where.ScalarSelf, (padded, last, idx))
+        idx = graph.call_function(aten._to_copy.default, (idx,), {"dtype": val(indices_out).dtype})
+        idx.meta["ascend_dsa_indexer"] = fused
+        indices_out.replace_all_uses_with(idx)
+    if values_out is not None:
+        values = graph.call_function(operator.getitem, (fused, 1))
+        values = graph.call_function(aten.reshape.default, (values, out_shape))
+        values = graph.call_function(aten._to_copy.default, (values,), {"dtype": val(values_out).dtype})
+        values_out.replace_all_uses_with(values)
+
+
+def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
+    matches, near = Counter(), []
+    for node in list(gm.graph.nodes):
+        if node.target != aten.topk.default:
+            continue
+        try:
+            found = match(node)
+            rewrite(gm, found)
+            matches[PATTERN] += 1
+        except NoMatch as exc:
+            if exc.near:
+                near.append(near_miss(PATTERN, node, str(exc)))
+    if matches:
+        gm.graph.eliminate_dead_code()
+        refresh_meta(gm)
+    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
