@@ -5,8 +5,8 @@ o_t = S_t^T q_t * scale. The layer: q/k/v projections, causal depthwise short co
 q and k, per-channel log-decay g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), beta = sigmoid(b_proj(x)),
 the core `kda_core`, then a sigmoid-gated RMSNorm and o_proj.
 
-`kda_core` is the only place the core is computed: chunked (WY form, chunk 64) for several tokens, one
-recurrent step for a single token.
+`kda_core` is the only place the core is computed: for several tokens it calls the chunked kernel
+`torch.ops.ascend_dsa.chunk_kda` (as real models call fla's `chunk_kda`), for a single token one recurrent step.
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def kda_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     if q.shape[1] == 1:
         o, state = _kda_step(q, k, v, g, beta, scale, state.float())
     else:
-        o, state = _kda_chunked(q, k, v, g, beta, scale, state.float(), chunk_size)
+        o, state = torch.ops.ascend_dsa.chunk_kda(q, k, v, g, beta, scale, state.float(), output_final_state=True,
+                                                  chunk_size=chunk_size)
     return o.to(v.dtype), (state if output_final_state else None)
 
 
@@ -50,43 +51,6 @@ def _kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
     o = torch.einsum("bhk,bhkv->bhv", q * scale, state)
     return o.unsqueeze(1), state
-
-
-def _kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                 scale: float, state: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunkwise-parallel form: inside a chunk the delta rule is solved as a unit-lower-triangular system
-    (WY representation); the state is carried across chunks. Zero padding (k = 0, g = 0) leaves it unchanged.
-    """
-    seq = q.shape[1]
-    pad = (-seq) % chunk
-
-    def to_chunks(t: torch.Tensor) -> torch.Tensor:
-        t = t.float().transpose(1, 2)
-        t = F.pad(t, (0, 0, 0, pad)) if t.dim() == 4 else F.pad(t, (0, pad))
-        return t.unflatten(2, (-1, chunk))
-
-    q, k, v, g, beta = (to_chunks(t) for t in (q, k, v, g, beta))
-    q = q * scale
-    g = g.cumsum(dim=-2)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    strict = causal.tril(-1)
-    eye = torch.eye(chunk, device=q.device)
-    outputs = []
-    for n in range(q.shape[2]):
-        q_n, k_n, v_n, g_n, b_n = q[:, :, n], k[:, :, n], v[:, :, n], g[:, :, n], beta[:, :, n]
-        decay = (g_n.unsqueeze(-2) - g_n.unsqueeze(-3)).masked_fill(~causal.unsqueeze(-1), float("-inf")).exp()
-        a_kk = (k_n.unsqueeze(-2) * decay * k_n.unsqueeze(-3)).sum(-1)
-        a_kk = (b_n.unsqueeze(-1) * a_kk).masked_fill(~strict, 0.0)
-        rhs = torch.cat((v_n, g_n.exp() * k_n), dim=-1) * b_n.unsqueeze(-1)
-        u, w = torch.linalg.solve_triangular(eye + a_kk, rhs, upper=False, unitriangular=True).split(
-            [v_n.shape[-1], k_n.shape[-1]], dim=-1)
-        delta = u - w @ state
-        a_qk = (q_n.unsqueeze(-2) * decay * k_n.unsqueeze(-3)).sum(-1)
-        outputs.append((q_n * g_n.exp()) @ state + a_qk @ delta)
-        g_last = g_n[:, :, -1:]
-        state = state * g_last.transpose(-1, -2).exp() + (k_n * (g_last - g_n).exp()).transpose(-1, -2) @ delta
-    o = torch.stack(outputs, dim=2).flatten(2, 3)[:, :, :seq]
-    return o.transpose(1, 2), state
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

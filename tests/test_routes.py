@@ -1,0 +1,73 @@
+"""Kernel routes: transformers' Kimi KDA and fla's chunk_kda are traced as one ascend_dsa.chunk_kda."""
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import npu_graph
+from npu_graph import routes
+
+transformers = pytest.importorskip("transformers")
+
+
+def compile_and_report(fn, *args):
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    with torch.no_grad():
+        ref = fn(*args)
+        out = torch.compile(fn, backend=backend)(*args)
+    return ref, out, backend.reports
+
+
+def test_transformers_kimi_kda_is_routed():
+    from test_hf_models import build_tiny
+
+    model = build_tiny("kimi_linear")
+    ids = torch.randint(3, 256, (1, 80), generator=torch.Generator().manual_seed(1))
+    ref, out, reports = compile_and_report(lambda x: model(x).logits, ids)
+    assert sum(r.fused_ops.get("chunk_kda", 0) for r in reports) == 1
+    assert "transformers.models.kimi_linear.modeling_kimi_linear" in routes.routed()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+FAKE_FLA = textwrap.dedent('''
+    import torch
+
+    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        B, T, H, K = k.shape
+        scale = K ** -0.5 if scale is None else scale
+        S = torch.zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.clone()
+        out = []
+        for t in range(T):
+            S = S * g[:, t].exp()[..., None]
+            kt = k[:, t]
+            S = S + beta[:, t][..., None, None] * kt[..., None] * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S))[..., None, :]
+            out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
+        return torch.stack(out, 1), (S if output_final_state else None)
+''')
+
+
+def test_fla_chunk_kda_imported_after_npu_graph_is_routed(tmp_path, monkeypatch):
+    package = tmp_path / "fla" / "ops"
+    package.mkdir(parents=True)
+    (tmp_path / "fla" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "kda.py").write_text(FAKE_FLA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import fla.ops.kda as fla_kda
+
+    assert "fla.ops.kda" in routes.routed()
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 70, 2, 16), torch.nn.functional.normalize(torch.randn(1, 70, 2, 16), dim=-1)
+    v, g, beta = torch.randn(1, 70, 2, 16), -torch.rand(1, 70, 2, 16) * 0.2, torch.rand(1, 70, 2)
+
+    def layer(q, k, v, g, beta):
+        return fla_kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
+
+    ref, out, reports = compile_and_report(layer, q, k, v, g, beta)
+    assert reports[-1].fused_ops == {"chunk_kda": 1}
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-4, atol=1e-4)
