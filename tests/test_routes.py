@@ -42,7 +42,8 @@ FAKE_FLA = textwrap.dedent('''
         for t in range(T):
             S = S * g[:, t].exp()[..., None]
             kt = k[:, t]
-            S = S + beta[:, t][..., None, None] * kt[..., None] * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S))[..., None, :]
+            delta = v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S)
+            S = S + beta[:, t][..., None, None] * kt[..., None] * delta[..., None, :]
             out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
         return torch.stack(out, 1), (S if output_final_state else None)
 ''')
