@@ -87,11 +87,12 @@ def _to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
     b, t_len, h = x.shape[:3]
     rest = tuple(x.shape[3:])
     full, tail = divmod(t_len, chunk)
-    out = x.new_zeros((full + (tail > 0), b, h, chunk, *rest), dtype=torch.float32)
+    out = x.new_empty((full + (tail > 0), b, h, chunk, *rest), dtype=torch.float32)
     src = x[:, :full * chunk].reshape((b, full, chunk, h, *rest))
     out[:full].copy_(src.transpose(0, 1).transpose(2, 3))
     if tail:
         out[full, :, :, :tail].copy_(x[:, full * chunk:].transpose(1, 2))
+        out[full, :, :, tail:].zero_()
     return out.view((out.shape[0], b * h, chunk, *rest))
 
 
@@ -118,9 +119,11 @@ def _decayed_gram(rows: list[torch.Tensor], y: torch.Tensor, gc: torch.Tensor) -
     reference, where both factors exp(gc_r - gc_p) and exp(gc_p - gc_j) are <= 1, and the halves recurse.
     """
     bt, c, kd = y.shape
-    outs = [y.new_zeros(bt, c, c) for _ in rows]
+    if bt == 0:
+        return [y.new_empty(0, c, c) for _ in rows]
+    outs: list[torch.Tensor] = []
     n = c
-    while bt:
+    while True:
         s = c // n
         ys, gs = y.view(bt, s, n, kd), gc.view(bt, s, n, kd)
         ref = gs[:, :, n // 2: n // 2 + 1]
@@ -129,11 +132,12 @@ def _decayed_gram(rows: list[torch.Tensor], y: torch.Tensor, gc: torch.Tensor) -
             e = torch.exp(gs - ref)
             cols = (ys / e).transpose(-1, -2)
             blocks = [torch.matmul(x.view(bt, s, n, kd) * e, cols).tril_() for x in rows]
-            if s == 1:
+            if not outs:
                 return [block.view(bt, c, c) for block in blocks]
             for out, block in zip(outs, blocks):
                 _write_blocks(out, block, n, slice(None), slice(None))
             return outs
+        outs = outs or [y.new_zeros(bt, c, c) for _ in rows]
         h = n // 2
         pivot = gs[:, :, h - 1: h]
         right = _exp_decay(gs[:, :, h:] - pivot)
@@ -142,7 +146,6 @@ def _decayed_gram(rows: list[torch.Tensor], y: torch.Tensor, gc: torch.Tensor) -
             block = torch.matmul(x.view(bt, s, n, kd)[:, :, h:] * right, cols)
             _write_blocks(out, block, n, slice(h, None), slice(None, h))
         n = h
-    return outs
 
 
 class _Intra(NamedTuple):
@@ -170,7 +173,8 @@ def _intra(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
     w_v = torch.bmm(inverse, v.view(*flat, -1) * b_col)
     w_k = torch.bmm(inverse, kf * exp_g * b_col)
     g_last = gc[:, -1:, :]
-    k_tail = (kf * _exp_decay(g_last - gc)).transpose(-1, -2)
+    k_tail = kf.new_empty(n * bh, kd, c)
+    torch.mul(kf, _exp_decay(g_last - gc), out=k_tail.transpose(-1, -2))
     q_decay = q.view(*flat, kd) * exp_g if q is not None else exp_g.new_empty(0)
     m_qk = grams[1] if q is not None else exp_g.new_empty(0)
     shaped = [t.view(n, bh, *t.shape[1:]) if t.numel() else t
