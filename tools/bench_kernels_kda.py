@@ -14,12 +14,12 @@ takes seconds per call).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import transformers.models.kimi_linear.modeling_kimi_linear as kimi
 
 from npu_graph.kernels import attn_res, chunk_kda, fused_moe, moe_gating  # noqa: F401  (registers the ops)
 from npu_graph.kernels.attn_res import reference_attn_res
@@ -41,6 +41,7 @@ def _kda_cases(g: torch.Generator) -> list[dict[str, Any]]:
     v = torch.randn(b, t, h, d, generator=g)
     gate = -torch.rand(b, t, h, d, generator=g) * 0.1
     beta = torch.rand(b, t, h, generator=g)
+    kimi = importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear")  # after npu_graph
     fallback = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
     ours = lambda: OPS.chunk_kda(q, k, v, gate, beta, output_final_state=True)  # noqa: E731
     name = "chunk_kda prefill T=4096 H=4 K=V=128 fp32"

@@ -1,15 +1,22 @@
 """ascend_dsa::chunk_kda: the chunked fast path against the step-by-step recurrence (shapes, dtypes, padding,
 strong decay), state hand-over and the segment transition law, agreement with transformers' fallback,
 opcheck, torch.compile, errors."""
+import importlib
+
 import pytest
 import torch
-import transformers.models.kimi_linear.modeling_kimi_linear as kimi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels.chunk_kda import kda_transition, reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
+
+
+def transformers_chunk_fallback():
+    """transformers' CPU `chunk_kimi_delta_attention`, imported after npu_graph (see npu_graph.routes)."""
+    kimi = importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear")
+    return getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
 
 
 def make_inputs(b, t, h, dk, dv, seed=0, decay=0.2, dtype=torch.float32):
@@ -130,7 +137,7 @@ def test_transitions_fold_across_ranks():
 
 
 def test_matches_transformers_chunk_fallback():
-    fallback = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
+    fallback = transformers_chunk_fallback()
     inputs = make_inputs(2, 100, 2, 16, 16, seed=9)
     s0 = torch.randn(2, 2, 16, 16)
     ro, rs = fallback(*inputs, initial_state=s0, output_final_state=True)
@@ -177,6 +184,6 @@ def test_clear_errors(change, match):
 
 @pytest.mark.slow
 def test_long_sequence_matches_transformers_fallback():
-    fallback = getattr(kimi.chunk_kimi_delta_attention, "__wrapped__", kimi.chunk_kimi_delta_attention)
+    fallback = transformers_chunk_fallback()
     inputs = make_inputs(1, 2048, 4, 128, 128, seed=11, decay=0.1)
     torch.testing.assert_close(run(inputs)[0], fallback(*inputs)[0], rtol=1e-3, atol=1e-3)
