@@ -128,7 +128,7 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
     flat_blocks = blocks.reshape(n, b * t, d)
     flat_partial = None if partial is None else partial.reshape(b * t, d)
     out = blocks.new_empty(queries.shape[0], b * t, d)
-    step = max(1, _TILE_ELEMENTS // ((n + 1) * d))
+    step = max(1, _TILE_ELEMENTS // max(1, (n + 1) * d))
     for start in range(0, b * t, step):
         rows = slice(start, start + step)
         stats = block_phase(flat_blocks[:, rows], queries, norm_weight, eps)

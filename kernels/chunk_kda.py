@@ -13,7 +13,7 @@ Fast CPU path (chunked WY / UT-transform form, everything in fp32). Inside a chu
 G_r the cumulative decay from the chunk start and S the state entering the chunk:
 
     A[r,j] = beta_r sum_c k_r[c] k_j[c] exp(G_r[c] - G_j[c])          (j < r)
-    (I + A) [W_v | W_k] = [beta V | beta K * exp(G)]                  (unit lower-triangular solve)
+    [W_v | W_k] = (I + A)^-1 [beta V | beta K * exp(G)]              (one batched unit-triangular solve)
     U = W_v - W_k S,  o = (q * exp(G)) S + M U,  M[r,j] = sum_c q_r[c] k_j[c] exp(G_r[c] - G_j[c]) (j <= r)
     S' = Diag(exp G_last) S + (K * exp(G_last - G))^T U
 
@@ -21,6 +21,8 @@ All of it except the two state GEMMs is computed for all chunks and heads at onc
 carries the state. The pairwise decays exp(G_r - G_j) are never formed as a [C,C,K] tensor: they are
 split as exp(G_r - G_m) * exp(G_m - G_j) around a reference step m and contracted with GEMMs, where m is
 chosen so that no factor leaves the normal fp32 range (see `_decayed_gram`), so any g <= 0 is safe.
+
+`chunk_size` (a power of two) changes speed, not results; T need not be a multiple of it.
 
 `kda_transition` exposes the affine map of a whole segment, used to fold states across ranks when a
 sequence is split: final_state(S0) = A @ S0 + final_state(0).
