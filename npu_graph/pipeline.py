@@ -15,11 +15,12 @@ from typing import Any
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes import canonicalize, fuse_lightning_indexer
+from npu_graph.passes import canonicalize, fuse_lightning_indexer, fuse_sparse_attention
 
 PASSES: list[ModuleType] = [
     canonicalize,
     fuse_lightning_indexer,
+    fuse_sparse_attention,
 ]
 
 

@@ -35,6 +35,7 @@ class Axis:
     id: int = field(default_factory=lambda: next(_ids))
     parent: Axis | None = None
     source: tuple[torch.fx.Node, int] | None = None
+    parts: tuple[Axis, ...] | None = None
 
     def __repr__(self) -> str:
         return f"{'b' if self.broadcast else 'a'}{find(self).id}[{self.size}]"
@@ -46,12 +47,21 @@ def find(axis: Axis) -> Axis:
     return axis
 
 
+def flat(dim: Dim | list[Axis]) -> tuple[Axis, ...]:
+    """The root atoms of a dim, with refined axes replaced by their parts."""
+    out: list[Axis] = []
+    for axis in dim:
+        root = find(axis)
+        out.extend(flat(root.parts) if root.parts else (root,))
+    return tuple(out)
+
+
 Dim = tuple[Axis, ...]
 
 
 @dataclass(eq=False)
 class Expr:
-    """kind: leaf | matmul | mul | sum | relu | softmax; `node` is the graph node whose value this is
+    """kind: leaf | matmul | mul | sum | add | masked | relu | softmax; `node` is the node whose value this is
     (its constant factor `scale` included); `reduced` are the axes a matmul or sum contracts."""
 
     kind: str
@@ -59,7 +69,7 @@ class Expr:
     factors: tuple[Expr, ...] = ()
     reduced: frozenset = frozenset()
     scale: float = 1.0
-    axis: Axis | None = None
+    axes: tuple[Axis, ...] = ()
 
     def leaves(self) -> list[Expr]:
         if self.kind == "leaf":
@@ -125,7 +135,7 @@ class Tracer:
 
 def _regroup(dims: list[Dim], shape: list[object]) -> list[Dim]:
     """Dims after a view to `shape`: merges and un-merges along atomic-axis boundaries only."""
-    atoms = [a for d in dims for a in d]
+    atoms = [a for d in dims for a in flat(d)]
     out, i = [], 0
     for size in shape:
         if same_size(size, 1):
@@ -170,6 +180,34 @@ def _unsqueeze_or_squeeze(t: Tracer, node: torch.fx.Node) -> Value:
     return Value(_regroup(src.dims, _shape(node)), src.expr)
 
 
+def _select(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    dim = node.args[1] % len(src.dims)
+    if src.dims[dim]:
+        raise TraceError("select on a non-unit dim")
+    return Value(src.dims[:dim] + src.dims[dim + 1:], src.expr)
+
+
+def _masked(t: Tracer, node: torch.fx.Node) -> Value:
+    """masked_fill(x, m, -inf) / where(m, x, -inf): elementwise on x (the mask is read by the pass)."""
+    fill = node.args[2]
+    source = node.args[0] if node.target != aten.where.self else node.args[1]
+    if not is_neg_inf(fill) or not isinstance(source, torch.fx.Node):
+        raise TraceError("not a -inf mask")
+    src = t.trace(source)
+    if len(src.dims) != len(_shape(node)):
+        raise TraceError("mask broadcasts the score")
+    return Value(src.dims, Expr("masked", node=node, factors=(src.expr,)))
+
+
+def is_neg_inf(value: object) -> bool:
+    if isinstance(value, torch.fx.Node):
+        fill_arg = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
+                    aten.scalar_tensor.default: 0}
+        return value.target in fill_arg and is_neg_inf(value.args[fill_arg[value.target]])
+    return isinstance(value, (int, float)) and value <= -1e30
+
+
 def _expand(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
     shape = _shape(node)
@@ -196,18 +234,42 @@ def _unify_axis(x: Axis, y: Axis) -> Axis:
     return rx
 
 
+def _refine_to_match(fa: tuple[Axis, ...], fb: tuple[Axis, ...]) -> bool:
+    """Split the first atom where the two factorizations differ so that they line up (static sizes only)."""
+    for x, y in zip(fa, fb):
+        if same_size(x.size, y.size):
+            continue
+        if not (isinstance(x.size, int) and isinstance(y.size, int)):
+            return False
+        big, rest = (x, fb[fb.index(y):]) if x.size > y.size else (y, fa[fa.index(x):])
+        sizes, product = [], 1
+        for axis in rest:
+            if not isinstance(axis.size, int) or product >= big.size:
+                break
+            sizes.append(axis.size)
+            product *= axis.size
+        if product != big.size or (big.source is None and big.parts is None and len(sizes) < 2):
+            return False
+        big.parts = tuple(Axis(size) for size in sizes)
+        return True
+    return False
+
+
 def unify_dim(a: Dim, b: Dim) -> Dim:
     """Two dims that must index the same thing: their axes are identified atom by atom (a broadcast
-    dim takes the other side's axes)."""
+    dim takes the other side's axes; an atom meeting several smaller ones is split to match them)."""
     if not a or not b:
         return a or b
-    if len(a) == len(b):
-        return tuple(_unify_axis(x, y) for x, y in zip(a, b))
-    if all(x.broadcast for x in a):
+    fa, fb = flat(a), flat(b)
+    if all(x.broadcast for x in fa) and len(fa) != len(fb):
         return b
-    if all(x.broadcast for x in b):
+    if all(x.broadcast for x in fb) and len(fa) != len(fb):
         return a
-    raise TraceError("dims index different axes")
+    while len(fa) != len(fb) or any(not same_size(x.size, y.size) for x, y in zip(fa, fb)):
+        if not same_size(dim_size(fa), dim_size(fb)) or not _refine_to_match(fa, fb):
+            raise TraceError("dims index different axes")
+        fa, fb = flat(a), flat(b)
+    return tuple(_unify_axis(x, y) for x, y in zip(fa, fb))
 
 
 def _contract(kind: str, node: torch.fx.Node, factors: list[Value], out_dims: list[Dim], reduced: set[Axis]
@@ -220,9 +282,9 @@ def _bmm(t: Tracer, node: torch.fx.Node) -> Value:
     a, b = t.trace(node.args[0]), t.trace(node.args[1])
     batch = [unify_dim(x, y) for x, y in zip(a.dims[:-2], b.dims[:-2])]
     contracted = unify_dim(a.dims[-1], b.dims[-2])
-    if not contracted or any(x.broadcast for x in contracted):
+    if not contracted or any(x.broadcast for x in flat(contracted)):
         raise TraceError("matmul contracts different axes")
-    return _contract("matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]], set(contracted))
+    return _contract("matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]], set(flat(contracted)))
 
 
 def _mul(t: Tracer, node: torch.fx.Node) -> Value:
@@ -233,7 +295,7 @@ def _mul(t: Tracer, node: torch.fx.Node) -> Value:
         if node.target == aten.div.Tensor:
             factor = 1.0 / factor
         expr = Expr(src.expr.kind, node, src.expr.factors, src.expr.reduced, src.expr.scale * float(factor),
-                    src.expr.axis)
+                    src.expr.axes)
         return Value(src.dims, expr)
     if node.target == aten.div.Tensor:
         raise TraceError("division by a tensor")
@@ -244,12 +306,24 @@ def _mul(t: Tracer, node: torch.fx.Node) -> Value:
     return _contract("mul", node, [a, b], [unify_dim(p, q) for p, q in zip(da, db)], set())
 
 
+def _add(t: Tracer, node: torch.fx.Node) -> Value:
+    x, y = node.args[0], node.args[1]
+    if not (isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node)) or node.kwargs.get("alpha", 1) != 1:
+        raise TraceError("add of a constant or with alpha")
+    a, b = t.trace(x), t.trace(y)
+    rank = max(len(a.dims), len(b.dims))
+    da = [()] * (rank - len(a.dims)) + list(a.dims)
+    db = [()] * (rank - len(b.dims)) + list(b.dims)
+    dims = [unify_dim(p, q) for p, q in zip(da, db)]
+    return Value(dims, Expr("add", node=node, factors=(a.expr, b.expr)))
+
+
 def _sum(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
     dims = node.args[1] if len(node.args) > 1 else list(range(len(src.dims)))
     dims = {d % len(src.dims) for d in ([dims] if isinstance(dims, int) else dims)}
     keep = len(node.args) > 2 and node.args[2]
-    reduced = {a for i in dims for a in src.dims[i]}
+    reduced = {a for i in dims for a in flat(src.dims[i])}
     out = [(() if i in dims else d) for i, d in enumerate(src.dims) if keep or i not in dims]
     return Value(out, Expr("sum", node=node, factors=(src.expr,), reduced=frozenset(reduced)))
 
@@ -262,9 +336,9 @@ def _relu(t: Tracer, node: torch.fx.Node) -> Value:
 def _softmax(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
     dim = src.dims[node.args[1] % len(src.dims)]
-    if len(dim) != 1:
-        raise TraceError("softmax over a merged dim")
-    return Value(src.dims, Expr("softmax", node=node, factors=(src.expr,), axis=dim[0]))
+    if not dim:
+        raise TraceError("softmax over a size-1 dim")
+    return Value(src.dims, Expr("softmax", node=node, factors=(src.expr,), axes=tuple(dim)))
 
 
 _HANDLERS = {
@@ -278,10 +352,14 @@ _HANDLERS = {
     aten.squeeze.dims: _unsqueeze_or_squeeze,
     aten.squeeze.default: _unsqueeze_or_squeeze,
     aten.expand.default: _expand,
+    aten.select.int: _select,
+    aten.masked_fill.Scalar: _masked,
+    aten.where.self: _masked,
     aten.bmm.default: _bmm,
     aten.mm.default: _bmm,
     aten.mul.Tensor: _mul,
     aten.div.Tensor: _mul,
+    aten.add.Tensor: _add,
     aten.sum.dim_IntList: _sum,
     aten.relu.default: _relu,
     aten._softmax.default: _softmax,
@@ -334,20 +412,18 @@ def materialize(graph: torch.fx.Graph, leaf: torch.fx.Node, leaf_dims: list[Dim]
                 ) -> torch.fx.Node:
     """Emit nodes that lay out `leaf` as the dims `want` (each a tuple of the leaf's atomic axes; axes the
     leaf lacks become size-1 dims that are expanded). Call inside `graph.inserting_before(...)`."""
-    atoms = [a for d in leaf_dims for a in d]
-    roots = [find(a) for a in atoms]
-    wanted = [find(a) for d in want for a in d if find(a) in roots]
+    roots = [a for d in leaf_dims for a in flat(d)]
+    wanted = [a for d in want for a in flat(d) if a in roots]
     if sorted(map(id, wanted)) != sorted(map(id, roots)) or len(set(map(id, roots))) != len(roots):
         raise TraceError("layout does not use every axis of the leaf exactly once")
-    node = graph.call_function(aten.reshape.default, (leaf, [size_arg(graph, [a]) for a in atoms]))
+    node = graph.call_function(aten.reshape.default, (leaf, [size_arg(graph, [a]) for a in roots]))
     order = [roots.index(a) for a in wanted]
     if order != sorted(order):
         node = graph.call_function(aten.permute.default, (node, order))
-    by_root = {id(r): a for r, a in zip(roots, atoms)}
-    shape = [size_arg(graph, [by_root[id(find(a))] for a in d if find(a) in roots]) for d in want]
+    shape = [size_arg(graph, [a for a in flat(d) if a in roots]) for d in want]
     node = graph.call_function(aten.reshape.default, (node, shape))
-    if any(find(a) not in roots for d in want for a in d):
-        full = [size_arg(graph, [_sourced(a) for a in d]) for d in want]
+    if any(a not in roots for d in want for a in flat(d)):
+        full = [size_arg(graph, [_sourced(a) for a in flat(d)]) for d in want]
         node = graph.call_function(aten.expand.default, (node, full))
     return node
 

@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, find, flatten, materialize, size_arg
+from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten, materialize, size_arg
 from npu_graph.passes.fusion_graph import leaf_roots, refresh_meta
 from npu_graph.passes.match_util import Mask, NoMatch, near_miss, paged_read, peel_mask, strip_casts, topk_parts, val
 
@@ -77,14 +77,17 @@ def _split_factors(tracer: Tracer, expr: Expr) -> tuple[Expr, Expr, Expr, Expr, 
 def _roles(tracer: Tracer, score_dims: list[Dim], leaves: tuple[Expr, Expr, Expr], heads: list, depth: list
            ) -> dict:
     rw, rq, rk = (_roots(tracer, e) for e in leaves)
-    if not all(id(find(a)) in rq & rk for a in depth) or not all(id(find(a)) in (rq & rw) - rk for a in heads):
+    depth_ids, heads_ids = {id(a) for a in flat(depth)}, {id(a) for a in flat(heads)}
+    depth = [a for d in tracer.leaf_dims[leaves[2].node] for a in flat(d) if id(a) in depth_ids]
+    heads = [a for d in tracer.leaf_dims[leaves[1].node] for a in flat(d) if id(a) in heads_ids]
+    if not all(id(a) in rq & rk for a in depth) or not all(id(a) in (rq & rw) - rk for a in heads):
         raise NoMatch("the contracted axes are not (head dim of q and k) and (heads of q and w)")
     *others, keys = score_dims
-    if not keys or not all(id(find(a)) in rk - rq - rw for a in keys):
+    if not keys or not all(id(a) in rk - rq - rw for a in flat(keys)):
         raise NoMatch("top-k does not run over the key axis")
     batch, rows = [], []
-    for a in (a for dim in others for a in dim):
-        root = id(find(a))
+    for a in (a for dim in others for a in flat(dim)):
+        root = id(a)
         if root in rq & rk & rw and not rows:
             batch.append(a)
         elif root in (rq & rw) - rk:
@@ -118,8 +121,7 @@ def match(topk: torch.fx.Node) -> IndexerMatch:
 def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, torch.fx.Node | None, str]:
     paged = paged_read(m.k)
     dims = m.tracer.leaf_dims[m.k]
-    if paged is not None and len(dims) == 5 and [find(a) for a in m.keys] == [find(a) for d in dims[1:3]
-                                                                              for a in d]:
+    if paged is not None and len(dims) == 5 and flat(m.keys) == flat(dims[1] + dims[2]):
         cache, table = paged
         table = strip_casts(table)
         if val(table).dtype != torch.int32:

@@ -6,11 +6,11 @@ import torch
 import torch.fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from npu_graph.passes.axis_trace import Axis, Dim, find
+from npu_graph.passes.axis_trace import Axis, Dim, flat
 
 
 def leaf_roots(dims: list[Dim]) -> list[Axis]:
-    return [find(a) for d in dims for a in d]
+    return [a for d in dims for a in flat(d)]
 
 
 def refresh_meta(gm: torch.fx.GraphModule) -> None:

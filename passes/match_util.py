@@ -2,13 +2,14 @@
 reads, scalar constants, and the near-miss record."""
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+
+from npu_graph.passes.axis_trace import is_neg_inf
 
 aten = torch.ops.aten
 CASTS = {aten._to_copy.default, aten.clone.default, aten.alias.default}
@@ -39,13 +40,6 @@ def strip_casts(node: Any) -> Any:
     while isinstance(node, torch.fx.Node) and node.target in CASTS:
         node = node.args[0]
     return node
-
-
-def is_neg_inf(value: Any) -> bool:
-    if isinstance(value, torch.fx.Node):
-        fill_arg = {aten.full.default: 1, aten.full_like.default: 1, aten.scalar_tensor.default: 0}
-        return value.target in fill_arg and is_neg_inf(value.args[fill_arg[value.target]])
-    return isinstance(value, (int, float)) and (value == -math.inf or value <= -1e30)
 
 
 def peel_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, Mask | None]:

@@ -16,6 +16,7 @@ from html.parser import HTMLParser
 import pytest
 from reference_dump import build_reference_dump
 
+from npu_graph import pipeline
 from npu_graph.tools import html_report, inspect_dump
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
@@ -62,7 +63,7 @@ def test_report_is_one_self_contained_file(report):
 
 def test_graph_picture_is_capped_and_focused(report):
     dump, _, text = report
-    final = inspect_dump.show_stage(dump, None, "canonicalize")["nodes"]
+    final = inspect_dump.show_stage(dump, None, pipeline.pass_names()[-1])["nodes"]
     picture = svg(text, "graph-svg-0")
     assert picture.count('<g class="node"') == html_report.MAX_SVG_NODES < len(final)
     assert picture.count("<path") > 100 and f"showing 400 of {len(final)} nodes" in text
@@ -71,7 +72,7 @@ def test_graph_picture_is_capped_and_focused(report):
 
 def test_timeline_without_stream_plan_is_the_serial_order(report):
     dump, _, text = report
-    final = inspect_dump.show_stage(dump, None, "canonicalize")["nodes"]
+    final = inspect_dump.show_stage(dump, None, pipeline.pass_names()[-1])["nodes"]
     timeline = svg(text, "timeline-svg-0")
     assert "no stream plan: serial order" in timeline
     assert timeline.count('class="bar"') == sum(n["op"] == "call_function" for n in final)
