@@ -12,7 +12,7 @@ from npu_graph.config import CompilerConfig
 from npu_graph.dump import GraphDump
 from npu_graph.pass_api import PassContext
 from npu_graph.pipeline import run_pipeline
-from npu_graph.report import GraphReport, fused_op_counts
+from npu_graph.report import GraphReport, fused_op_counts, op_count
 from npu_graph.runtime import CompiledGraph
 from npu_graph.targets import cpu
 from npu_graph.trace import traced_dump
@@ -60,6 +60,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3
     report.nodes_after = len(gm.graph.nodes)
     report.fused_ops = fused_op_counts(gm)
+    report.ops = op_count(gm)
     report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
     if dump:
         dump.write_text("compiled.py", compiled.source)

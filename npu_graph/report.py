@@ -21,6 +21,12 @@ def fused_op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def op_count(gm: torch.fx.GraphModule) -> int:
+    """Operators the graph dispatches per call (ATen and fused ops; size queries and tuple access excluded)."""
+    return sum(1 for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
+               and n.target.namespace in ("aten", FUSED_NAMESPACE) and not n.target._opname.startswith("sym_"))
+
+
 @dataclass
 class GraphReport:
     name: str
@@ -28,6 +34,7 @@ class GraphReport:
     target: str
     nodes_before: int = 0
     nodes_after: int = 0
+    ops: int = 0
     fused_ops: dict[str, int] = field(default_factory=dict)
     passes: list[dict[str, Any]] = field(default_factory=list)
     cache: str = "bypass"
@@ -42,12 +49,13 @@ class GraphReport:
         """The report of a graph loaded from the cache, from the summary stored with it."""
         return cls(name=name, inference=summary.get("inference", True), target=summary.get("target", "cpu"),
                    nodes_before=summary.get("nodes_before", 0), nodes_after=summary.get("nodes_after", 0),
+                   ops=summary.get("ops", 0),
                    fused_ops=summary.get("fused_ops", {}), passes=summary.get("passes", []), cache=cache)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "graph": self.name, "inference": self.inference, "target": self.target,
-            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "ops": self.ops,
             "fused_ops": self.fused_ops, "passes": self.passes,
             "cache": self.cache, "cache_reason": self.cache_reason,
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},

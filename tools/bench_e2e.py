@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_graph
 from npu_graph.models.cache import DSALayerCache, HybridCache
@@ -32,18 +33,38 @@ def reset_cache(cache: HybridCache, length: int) -> None:
             layer.conv_state.zero_()
 
 
-def compiled_models(model: HybridLM) -> dict[str, Callable[..., Any]]:
+def compiled_models(model: HybridLM, backend: npu_graph.Backend) -> dict[str, Callable[..., Any]]:
     return {
         "eager": model,
         "inductor": torch.compile(model, backend="inductor"),
-        "ascend_dsa": torch.compile(model, backend=npu_graph.get_backend({"cache": False})),
+        "ascend_dsa": torch.compile(model, backend=backend),
     }
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the operators dispatched while active (an op's own internals are not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(call: Callable[[], object]) -> int:
+    """Number of operators one eager call dispatches (compiled graphs report theirs: GraphReport.ops)."""
+    with torch.no_grad(), _CountOps() as counter:
+        call()
+    return counter.count
 
 
 def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repeat: int,
                  warm_cache: Callable[[HybridCache], None] | None = None) -> list[dict[str, Any]]:
     """Cold first call per backend, then all backends alternated; outputs checked against eager."""
-    models = compiled_models(model)
+    ours = npu_graph.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    models = compiled_models(model, ours)
     caches = {b: model.new_cache(ids.shape[0]) for b in BACKENDS}
     if warm_cache is not None:
         for cache in caches.values():
@@ -63,6 +84,8 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
             return call
 
         medians = time_side_by_side({b: runner(b) for b in BACKENDS}, repeat=repeat, warmup=1)
+        op_counts = {"eager": dispatched_ops(runner("eager")), "inductor": None,
+                     "ascend_dsa": sum(r.ops for r in ours.reports)}
     rows = []
     for backend in BACKENDS:
         err = (outputs[backend] - outputs["eager"]).abs().max().item()
@@ -70,6 +93,8 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
                      "speedup_vs_eager": medians["eager"] / medians[backend],
                      "speedup_vs_inductor": medians["inductor"] / medians[backend],
                      "cold_compile_s": max(first_s[backend] - medians[backend], 0.0),
+                     "ops_dispatched": op_counts[backend],
+                     "ops_vs_eager": op_counts[backend] / op_counts["eager"] if op_counts[backend] else None,
                      "max_abs_diff_vs_eager": err})
     return rows
 
