@@ -15,12 +15,13 @@ from typing import Any
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes import canonicalize, fuse_lightning_indexer, fuse_sparse_attention
+from npu_graph.passes import canonicalize, fuse_lightning_indexer, fuse_sparse_attention, reinplace_input_writes
 
 PASSES: list[ModuleType] = [
     canonicalize,
     fuse_lightning_indexer,
     fuse_sparse_attention,
+    reinplace_input_writes,
 ]
 
 

@@ -255,6 +255,8 @@ def _sparse_indices(graph: torch.fx.Graph, m: SparseMatch) -> torch.fx.Node:
     if raw is not None:
         return graph.call_function(operator.getitem, (raw, 0))
     count = val(m.indices).shape[-1]
+    if not isinstance(count, int):
+        count = graph.call_function(aten.sym_size.int, (m.indices, val(m.indices).dim() - 1))
     indices = graph.call_function(aten._to_copy.default, (m.indices,), {"dtype": torch.int32})
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), 1, count]
     return graph.call_function(aten.reshape.default, (indices, shape))

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     small = build_model("small")
     ids = torch.randint(0, small.config.vocab_size, (1, prefill_len), generator=torch.Generator().manual_seed(1))
     rows = measure_case(f"prefill {prefill_len} (small)", small, ids, 0, repeat)
+    torch._dynamo.reset()
     long = build_model("ctx16k")
     token = torch.randint(0, long.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(2))
     rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1, repeat * 3,

@@ -90,15 +90,15 @@ class HybridConfig:
 _SMALL = HybridConfig(
     vocab_size=8192, hidden_size=512, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=8,
     q_lora_rank=256, kv_lora_rank=512, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64,
-    index_n_heads=8, index_head_dim=64, index_rope_head_dim=32, index_topk=256,
+    index_n_heads=16, index_head_dim=64, index_rope_head_dim=32, index_topk=256,
     kda_num_heads=8, kda_head_dim=64, intermediate_size=1024,
     n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
     moe_intermediate_size=256, max_context=4096 + 256,
 )
 
 CONFIGS: dict[str, HybridConfig] = {
-    # tiny uses 16 index heads: with few heads, ReLU makes exact-zero scores common and top-k among exact ties
-    # is arbitrary (eager and fused picks may then differ).
+    # 16 index heads (tiny, small): with few heads, ReLU makes exact-zero scores common, and top-k among exact
+    # ties is arbitrary (eager and fused picks may then differ).
     "tiny": HybridConfig(
         vocab_size=256, hidden_size=64, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=4,
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
