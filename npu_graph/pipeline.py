@@ -15,12 +15,23 @@ from typing import Any
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes import canonicalize, fuse_lightning_indexer, fuse_sparse_attention, reinplace_input_writes
+from npu_graph.passes import (
+    canonicalize,
+    fuse_add_rms_norm,
+    fuse_attn_res,
+    fuse_lightning_indexer,
+    fuse_rms_norm,
+    fuse_sparse_attention,
+    reinplace_input_writes,
+)
 
 PASSES: list[ModuleType] = [
     canonicalize,
     fuse_lightning_indexer,
     fuse_sparse_attention,
+    fuse_rms_norm,
+    fuse_add_rms_norm,
+    fuse_attn_res,
     reinplace_input_writes,
 ]
 
