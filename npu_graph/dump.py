@@ -1,11 +1,10 @@
-"""Graph dumps: one folder per compiled graph under `dump_dir`, a text and a JSON file per stage, the
-generated source and `summary.json`.
+"""Graph dumps: one folder per compiled graph under `dump_dir` (numbered in creation order within that folder),
+a text and a JSON file per stage, the generated source and `summary.json`.
 
 Dumping can never break compilation: every write error is logged once per graph and compilation goes on.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -20,8 +19,7 @@ log = logging.getLogger("npu_graph")
 
 NODE_META_KEYS = ("created_by", "stream", "superkernel", "layout", "quant", "cost")
 
-_counter = itertools.count()
-_counter_lock = threading.Lock()
+_create_lock = threading.Lock()
 
 
 def _short(value: Any) -> str:
@@ -68,10 +66,11 @@ class GraphDump:
     @classmethod
     def create(cls, root: str, graph_name: str) -> GraphDump | None:
         try:
-            with _counter_lock:
-                index = next(_counter)
-            folder = os.path.join(root, f"{index:03d}_{graph_name}_{os.getpid()}")
-            os.makedirs(folder, exist_ok=True)
+            with _create_lock:
+                os.makedirs(root, exist_ok=True)
+                index = len(os.listdir(root))
+                folder = os.path.join(root, f"{index:03d}_{graph_name}_{os.getpid()}")
+                os.makedirs(folder, exist_ok=True)
             return cls(folder)
         except OSError as exc:
             log.warning("ascend_dsa: cannot create dump folder under %s (%s); compiling without a dump",
