@@ -18,8 +18,10 @@ from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes import (
     canonicalize,
     fuse_add_rms_norm,
+    fuse_attention,
     fuse_attn_res,
     fuse_lightning_indexer,
+    fuse_moe,
     fuse_rms_norm,
     fuse_sparse_attention,
     reinplace_input_writes,
@@ -32,6 +34,8 @@ PASSES: list[ModuleType] = [
     fuse_rms_norm,
     fuse_add_rms_norm,
     fuse_attn_res,
+    fuse_attention,
+    fuse_moe,
     reinplace_input_writes,
 ]
 
