@@ -75,7 +75,8 @@ class Backend:
                 self._write_summaries([report])
                 return found.callable
             sink: dict[str, Any] = {}
-            compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink),
+            params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
+            compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink, params),
                                            self.config.experimental_config.keep_inference_input_mutations)
             reports = sink["reports"]
             decision, reason = found.decision, found.reason
@@ -107,7 +108,8 @@ class Backend:
         except Uncacheable as exc:
             return None, str(exc)
 
-    def _graph_compiler(self, name: str, sink: dict[str, Any]) -> Callable[..., Any]:
+    def _graph_compiler(self, name: str, sink: dict[str, Any], param_indices: tuple[int, ...]
+                        ) -> Callable[..., Any]:
         parts = itertools.count()
         sink["reports"], sink["graphs"] = [], []
 
@@ -115,7 +117,7 @@ class Backend:
             part = next(parts)
             suffix = "" if inference and part == 0 else f"_{'inference' if inference else 'autograd'}{part}"
             report = GraphReport(name=name + suffix, inference=inference, target=self.config.target)
-            compiled = compile_graph(gm, inputs, self.config, report)
+            compiled = compile_graph(gm, inputs, self.config, report, param_indices if inference else ())
             sink["reports"].append(report)
             sink["graphs"].append(compiled)
             self._add_report(report)

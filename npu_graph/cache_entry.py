@@ -37,10 +37,11 @@ class Artifact:
     guards: list[str]
     symbols: dict[str, list[Any]]
     summary: dict[str, Any] = field(default_factory=dict)
+    prologue_params: list[int] = field(default_factory=list)
 
     def load(self, name: str) -> CompiledGraph:
         globals_ = {n: SAFE_GLOBALS[n] for n in self.global_names}
-        return CompiledGraph(name, self.source, globals_, dict(self.constants))
+        return CompiledGraph(name, self.source, globals_, dict(self.constants), tuple(self.prologue_params))
 
 
 def check_globals(globals_: dict[str, Any]) -> list[str]:

@@ -145,5 +145,5 @@ def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled:
     fqns = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
     fqns += [n for n, _ in gm.named_buffers(remove_duplicate=False)]
     return Artifact(compiled.source, check_globals(compiled.globals_), constant_tensors(compiled.attributes),
-                    fqns, guards, symbols)
+                    fqns, guards, symbols, prologue_params=list(compiled.param_indices))
 

@@ -31,9 +31,10 @@ def _fake_mode(example_inputs: Sequence[Any]) -> Any:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,
-                  report: GraphReport) -> CompiledGraph:
+                  report: GraphReport, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
     """Run the pipeline on an AOT graph and lower it; fills `report` and writes the stage dumps (the
-    caller writes summary.json once the cache decision is known)."""
+    caller writes summary.json once the cache decision is known). `param_indices` are the inputs that are
+    model parameters: work that reads only them is hoisted into a prologue (npu_graph.hoist)."""
     start = time.perf_counter()
     dump = GraphDump.create(config.debug.graph_dump.path, report.name) if config.debug.graph_dump.path \
         else None
@@ -54,7 +55,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.timings_ms["passes"] = sum(r.ms for r in records)
     lower_start = time.perf_counter()
     try:
-        compiled = cpu.lower(gm, report.name)
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        hoist = param_indices if placeholders == len(example_inputs) else ()
+        compiled = cpu.lower(gm, report.name, hoist)
     except Exception as exc:
         raise CompileStepError("lower", exc) from exc
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3

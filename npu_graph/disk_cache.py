@@ -153,7 +153,7 @@ class DiskCache:
             constants = load_file(constants_path) if os.path.exists(constants_path) else {}
             a = meta["artifact"]
             return Artifact(source, a["global_names"], constants, a["param_fqns"], a["guards"], a["symbols"],
-                            meta.get("summary", {}))
+                            meta.get("summary", {}), a.get("prologue_params", []))
         except Exception as exc:  # a damaged safetensors file raises library-specific errors
             raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
 
@@ -175,7 +175,8 @@ class DiskCache:
             files = {name: sha256_file(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
             full = {**meta, "schema": SCHEMA, "key": key, "files": files, "created": time.time(),
                     "artifact": {"global_names": artifact.global_names, "param_fqns": artifact.param_fqns,
-                                 "guards": artifact.guards, "symbols": artifact.symbols},
+                                 "guards": artifact.guards, "symbols": artifact.symbols,
+                                 "prologue_params": artifact.prologue_params},
                     "summary": artifact.summary}
             _write_private(os.path.join(tmp, "meta.json"), json.dumps(full, indent=1, default=str).encode())
             size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))

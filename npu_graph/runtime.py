@@ -1,8 +1,9 @@
 """CompiledGraph: what the backend hands back to AOT autograd for one graph.
 
-It is generated Python source (one `forward(self, *inputs)` function), the constants and submodules that
-source reads as `self.<name>`, and the boxed calling convention (the input list is cleared so inputs can be
-freed as soon as the graph no longer needs them).
+It is generated Python source (a `forward(self, *inputs)` function, and optionally a `prologue` over the
+parameters whose outputs forward takes as extra inputs), the constants and submodules that source reads as
+`self.<name>`, and the boxed calling convention (the input list is cleared so inputs can be freed as soon
+as the graph no longer needs them).
 """
 from __future__ import annotations
 
@@ -29,17 +30,33 @@ class CompiledGraph:
 
     _boxed_call = True
 
-    def __init__(self, name: str, source: str, globals_: dict[str, Any], attributes: dict[str, Any]):
+    def __init__(self, name: str, source: str, globals_: dict[str, Any], attributes: dict[str, Any],
+                 param_indices: tuple[int, ...] = ()):
         self.name = name
         self.source = source
         self.attributes = attributes
         self.globals_ = globals_
+        self.param_indices = param_indices
         namespace = dict(globals_)
         exec(compile(source, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]
+        self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)
+        self._hoisted: tuple[Any, ...] = ()
+        self._hoisted_for: list[tuple[int, int]] | None = None
+
+    def _hoisted_values(self, inputs: list[Any]) -> tuple[Any, ...]:
+        """Prologue outputs, recomputed only when a parameter object or its version changes."""
+        params = [inputs[i] for i in self.param_indices]
+        stamp = [(id(p), p._version) for p in params]
+        if stamp != self._hoisted_for:
+            self._hoisted = tuple(self._prologue(self._self, *params))
+            self._hoisted_for = stamp
+        return self._hoisted
 
     def __call__(self, args: list[Any]) -> Any:
         inputs = list(args)
         args.clear()
-        return self._forward(self._self, *inputs)
+        if self._prologue is None:
+            return self._forward(self._self, *inputs)
+        return self._forward(self._self, *inputs, *self._hoisted_values(inputs))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch.fx
 
+from npu_graph.hoist import split_prologue
 from npu_graph.runtime import CompiledGraph
 
 
@@ -21,6 +22,15 @@ def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
     return plan
 
 
-def lower(gm: torch.fx.GraphModule, name: str) -> CompiledGraph:
+def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
+    """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
+    function that the runtime runs once per parameter version (npu_graph.hoist)."""
+    prologue, used = split_prologue(gm, list(param_indices)) if param_indices else (None, [])
     code = gm.graph.python_code(root_module="self")
-    return CompiledGraph(name, code.src, code.globals, attribute_plan(gm))
+    source, globals_, attributes = code.src, dict(code.globals), attribute_plan(gm)
+    if prologue is not None:
+        pro = prologue.graph.python_code(root_module="self")
+        source = pro.src.replace("def forward(", "def prologue(", 1) + source
+        globals_.update(pro.globals)
+        attributes.update(attribute_plan(prologue))
+    return CompiledGraph(name, source, globals_, attributes, tuple(used))

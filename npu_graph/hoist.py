@@ -1,0 +1,69 @@
+"""Parameter prologue: work that depends only on model parameters runs once, not on every call.
+
+Fusions restack expert weights, casts and transposes read only parameters; in an inference graph those
+values change only when a parameter does. `split_prologue` moves every pure computation whose inputs are all
+parameters (or constants) into a separate `prologue` graph whose outputs become extra inputs of the main
+graph. The runtime (CompiledGraph) runs the prologue on the first call and again only when a parameter
+object or its version counter changes (an in-place weight update), so results always match eager.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+
+def _hoistable(gm: torch.fx.GraphModule, param_indices: set[int]) -> set[torch.fx.Node]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = {placeholders[i] for i in param_indices if i < len(placeholders)}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" or (node.op == "call_function" and not node.is_impure() and node.all_input_nodes and \
+                all(arg in found for arg in node.all_input_nodes)):
+            found.add(node)
+    return found
+
+
+def _frontier(hoistable: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """Hoistable tensor values that the rest of the graph reads (the prologue's outputs)."""
+    frontier = []
+    for node in hoistable:
+        if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        if any(user not in hoistable for user in node.users):
+            frontier.append(node)
+    order = {n: i for i, n in enumerate(next(iter(hoistable)).graph.nodes)} if hoistable else {}
+    return sorted(frontier, key=order.__getitem__)
+
+
+def _prologue_graph(gm: torch.fx.GraphModule, params: list[torch.fx.Node], hoistable: set[torch.fx.Node],
+                    frontier: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for param in params:
+        env[param] = graph.placeholder(param.name)
+        env[param].meta = dict(param.meta)
+    for node in gm.graph.nodes:
+        if node in hoistable and node.op != "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(tuple(env[n] for n in frontier))
+    return torch.fx.GraphModule(gm, graph, "prologue")
+
+
+def split_prologue(gm: torch.fx.GraphModule, param_indices: list[int]
+                   ) -> tuple[torch.fx.GraphModule | None, list[int]]:
+    """Move parameter-only computations out of `gm` (in place). Returns the prologue graph (None when there is
+    nothing worth hoisting) and the input positions of the parameters it reads, in its argument order."""
+    hoistable = _hoistable(gm, set(param_indices))
+    frontier = _frontier(hoistable)
+    if not frontier:
+        return None, []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    used = [i for i in sorted(param_indices) if i < len(placeholders) and placeholders[i] in hoistable]
+    prologue = _prologue_graph(gm, [placeholders[i] for i in used], hoistable, frontier)
+    with gm.graph.inserting_after(placeholders[-1]):
+        for index, node in reversed(list(enumerate(frontier))):
+            hoisted = gm.graph.placeholder(f"hoisted_{index}")
+            hoisted.meta = dict(node.meta)
+            node.replace_all_uses_with(hoisted)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return prologue, used
