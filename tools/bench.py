@@ -19,6 +19,7 @@ from rich.table import Table
 SUITES = {
     "e2e": "npu_graph.tools.bench_e2e",
     "kernels": "npu_graph.tools.bench_kernels",
+    "cache": "npu_graph.tools.bench_cache",
 }
 
 

@@ -51,3 +51,12 @@ def test_e2e_case_measures_every_backend():
     assert [r["backend"] for r in rows] == list(bench_e2e.BACKENDS)
     assert all(r["median_ms"] > 0 and r["max_abs_diff_vs_eager"] < 1e-3 for r in rows)
 
+
+
+@pytest.mark.slow
+def test_bench_cache_warm_start_skips_the_backend_work():
+    p = run_cli("bench", "cache", "--quick", "--json", timeout=900)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(p.stdout)["rows"]
+    assert row["cold_cache"] == "miss" and row["warm_cache"] == "hit" and row["same_result"]
+    assert row["backend_warm_over_cold"] <= 0.2
