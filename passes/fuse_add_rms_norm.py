@@ -12,7 +12,6 @@ candidate is a near miss if h is used before the weight.
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +19,8 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import refresh_meta
-from npu_graph.passes.match_util import NoMatch, near_miss, val
+from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.match_util import NoMatch, val
 
 NAME = "fuse_add_rms_norm"
 INFERENCE_ONLY = True
@@ -87,18 +86,10 @@ def rewrite(gm: torch.fx.GraphModule, m: AddNormMatch) -> None:
     m.add.replace_all_uses_with(outputs[2], delete_user_cb=lambda user: user is not m.norm)
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    rewrite(gm, match(node))
+    return PATTERN
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target != RMS_NORM:
-            continue
-        try:
-            rewrite(gm, match(node))
-            matches[PATTERN] += 1
-        except NoMatch as exc:
-            if exc.near:
-                near.append(near_miss(PATTERN, node, str(exc)))
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {RMS_NORM}, lambda node: _fuse(node, gm), PATTERN)

@@ -18,7 +18,6 @@ Rows that mask every key give 0 where eager gives NaN (with an -inf fill).
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +38,8 @@ from npu_graph.passes.axis_trace import (
     same_size,
     unify_dim,
 )
-from npu_graph.passes.fusion_graph import refresh_meta
-from npu_graph.passes.match_util import NoMatch, near_miss, val
+from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.match_util import NoMatch, val
 
 NAME = "fuse_attention"
 INFERENCE_ONLY = True
@@ -344,18 +343,10 @@ def _rewrite_or_undo(gm: torch.fx.GraphModule, m: AttnMatch) -> None:
         raise
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    _rewrite_or_undo(gm, match(node))
+    return PATTERN
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target not in (aten.bmm.default, aten.mm.default):
-            continue
-        try:
-            _rewrite_or_undo(gm, match(node))
-            matches[PATTERN] += 1
-        except (NoMatch, TraceError) as exc:
-            if getattr(exc, "near", False):
-                near.append(near_miss(PATTERN, node, str(exc)))
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm), PATTERN)

@@ -18,7 +18,6 @@ so compiled and eager differ by about that rounding (the op's bf16 tolerance, 2e
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,6 @@ from npu_graph.passes.axis_trace import (
     Axis,
     Dim,
     Expr,
-    TraceError,
     Tracer,
     Value,
     as_leaf,
@@ -38,8 +36,8 @@ from npu_graph.passes.axis_trace import (
     same_size,
 )
 from npu_graph.passes.fuse_rms_norm import parse_norm
-from npu_graph.passes.fusion_graph import refresh_meta
-from npu_graph.passes.match_util import NoMatch, near_miss, val
+from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.match_util import NoMatch, val
 
 NAME = "fuse_attn_res"
 INFERENCE_ONLY = True
@@ -216,18 +214,10 @@ def rewrite(gm: torch.fx.GraphModule, m: AttnResMatch) -> None:
     m.out.replace_all_uses_with(out)
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    rewrite(gm, match(node))
+    return PATTERN
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target != aten._softmax.default:
-            continue
-        try:
-            rewrite(gm, match(node))
-            matches[PATTERN] += 1
-        except (NoMatch, TraceError) as exc:
-            if getattr(exc, "near", True):
-                near.append(near_miss(PATTERN, node, str(exc)))
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {aten._softmax.default}, lambda node: _fuse(node, gm), PATTERN, trace_errors_are_near=True)

@@ -12,7 +12,6 @@ for consumers that are not fused, -1 becomes the last key position (masked whene
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +19,8 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten, materialize, size_arg
-from npu_graph.passes.fusion_graph import leaf_roots, refresh_meta
-from npu_graph.passes.match_util import Mask, NoMatch, near_miss, paged_read, peel_mask, strip_casts, topk_parts, val
+from npu_graph.passes.fusion_graph import fuse_each, leaf_roots
+from npu_graph.passes.match_util import Mask, NoMatch, paged_read, peel_mask, strip_casts, topk_parts, val
 
 NAME = "fuse_lightning_indexer"
 INFERENCE_ONLY = True
@@ -187,19 +186,10 @@ def _replace_outputs(graph: torch.fx.Graph, m: IndexerMatch, fused: torch.fx.Nod
         values_out.replace_all_uses_with(values)
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    rewrite(gm, match(node))
+    return PATTERN
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target != aten.topk.default:
-            continue
-        try:
-            found = match(node)
-            rewrite(gm, found)
-            matches[PATTERN] += 1
-        except NoMatch as exc:
-            if exc.near:
-                near.append(near_miss(PATTERN, node, str(exc)))
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {aten.topk.default}, lambda node: _fuse(node, gm), PATTERN)

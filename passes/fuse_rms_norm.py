@@ -22,7 +22,6 @@ casts exactly:
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +29,8 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import refresh_meta
-from npu_graph.passes.match_util import NoMatch, near_miss, val
+from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.match_util import NoMatch, val
 
 NAME = "fuse_rms_norm"
 INFERENCE_ONLY = True
@@ -222,21 +221,12 @@ def rewrite(gm: torch.fx.GraphModule, norm: Norm, chosen: Plan) -> None:
         target.replace_all_uses_with(y)
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    norm = parse_norm(node)
+    chosen = plan(norm)
+    rewrite(gm, norm, chosen)
+    return PATTERN if chosen.gamma is None else PATTERN_WEIGHTED
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target not in (aten.mul.Tensor, aten.div.Tensor):
-            continue
-        try:
-            norm = parse_norm(node)
-        except NoMatch as exc:
-            if exc.near:
-                near.append(near_miss(PATTERN, node, str(exc)))
-            continue
-        chosen = plan(norm)
-        rewrite(gm, norm, chosen)
-        matches[PATTERN if chosen.gamma is None else PATTERN_WEIGHTED] += 1
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {aten.mul.Tensor, aten.div.Tensor}, lambda node: _fuse(node, gm), PATTERN)

@@ -12,16 +12,15 @@ Indices produced by fuse_lightning_indexer are passed through raw (int32, -1 pad
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import Axis, Expr, TraceError, Tracer, as_leaf, flat, materialize, size_arg
-from npu_graph.passes.fusion_graph import refresh_meta
-from npu_graph.passes.match_util import NoMatch, near_miss, paged_read, strip_casts, val
+from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, materialize, size_arg
+from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
 
 NAME = "fuse_sparse_attention"
 INFERENCE_ONLY = True
@@ -305,19 +304,11 @@ def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:
     m.anchor.replace_all_uses_with(result)
 
 
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    found = match(node)
+    rewrite(gm, found)
+    return found.pattern
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
-    for node in list(gm.graph.nodes):
-        if node.target not in (aten.bmm.default, aten.mm.default):
-            continue
-        try:
-            found = match(node)
-            rewrite(gm, found)
-            matches[found.pattern] += 1
-        except (NoMatch, TraceError) as exc:
-            if getattr(exc, "near", False):
-                near.append(near_miss("sparse attention", node, str(exc)))
-    if matches:
-        gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
-    return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
+    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm), "sparse attention")
