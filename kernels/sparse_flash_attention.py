@@ -1,0 +1,302 @@
+"""`ascend_dsa::sparse_flash_attention` — DeepSeek-V3.2 sparse attention (DSA) in the MLA absorbed form:
+every query token attends only to the key positions the lightning indexer selected for it.
+
+For query token t of batch b and head h, over the selected positions p (see below):
+
+    logit[p] = scale_value · (query[b,t,h] · key[b,p] + query_rope[b,t,h] · key_rope[b,p])
+    attention_out[b,t,h] = Σ_p softmax(logit)[p] · value[b,p]             (fp32 arithmetic)
+    softmax_max[b,t,h] = max_p logit[p],  softmax_sum[b,t,h] = Σ_p exp(logit[p] − softmax_max)
+
+A query token with no selected position gets attention_out 0, softmax_max -inf and softmax_sum 0.
+
+Argument names, defaults and outputs follow `torch_npu.npu_sparse_flash_attention` as documented for
+torch_npu 7.3.0 (Ascend/op-plugin `docs/context/torch_npu-npu_sparse_flash_attention.md`). Differences:
+`torch.library.custom_op` does not accept keyword-only Tensor arguments, so the optional tensors
+(torch_npu's order, then the fp8 scales this project adds) may also be passed by position, while the other
+options stay keyword-only; `pre_tokens`, `next_tokens` and `attention_mode` (torch_npu supports one value of
+each; the absorbed form is always used here) and the "TND" layout are not taken; softmax_max/softmax_sum are
+always returned, with shape [B,S1,N1] (torch_npu: [B,N2,S1,N1/N2], the same numbers since N2 = 1).
+
+Layouts. query [B,S1,N1,Dl] ("BSND"); key and value [B,S2,1,Dl] ("BSND") or a paged cache
+[num_blocks, block_size, 1, Dl] ("PA_BSND") with block_table [B, max_blocks] (int32): token s of batch b is
+row s % block_size of block block_table[b, s // block_size]. query_rope [B,S1,N1,Dr] and key_rope (key's
+layout, last dim Dr) are optional and go together. value is usually the very tensor passed as key.
+actual_seq_lengths_query / actual_seq_lengths_kv: int tensors [B]; default S1 and S2 (paged:
+max_blocks·block_size).
+Selection. sparse_indices [B,S1,1,K] (int32): entry i >= 0 selects the positions
+i·sparse_block_size ... i·sparse_block_size + sparse_block_size − 1; entries -1 are skipped (torch_npu
+expects them after the valid ones; here they may be anywhere). Positions >= S2_b are skipped, and with
+sparse_mode=3 (causal, bottom-right aligned) so are positions > S2_b − S1_b + t. A position listed twice
+counts twice, as on the NPU.
+fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape [..., Dl/128]: each tile of
+128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
+
+Fast CPU path, one query token at a time: its valid positions are listed, the rows gathered once with
+index_select straight from the BSND tensor or the paged cache and converted to fp32 (once for key and value
+when they are the same tensor), and two GEMMs over all heads do the logits (the rope part as its own small
+GEMM, no concatenation; scale_value folded into the query) and the output.
+"""
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from npu_graph.kernels.checks import (
+    require,
+    require_choice,
+    require_positive,
+    require_rank,
+    require_same,
+)
+from npu_graph.kernels.lightning_indexer import (
+    KeyReader,
+    check_dtype,
+    check_key_layout,
+    check_lengths,
+    fp8_e4m3_to_float,
+    linear,
+    sequence_lengths,
+    visible_keys,
+)
+
+OP = "sparse_flash_attention"
+LAYOUTS_QUERY = ("BSND",)
+LAYOUTS_KV = ("BSND", "PA_BSND")
+SPARSE_MODES = (0, 3)
+FP8 = torch.float8_e4m3fn
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KV_DTYPES = (*FLOAT_DTYPES, FP8)
+INDEX_DTYPES = (torch.int32, torch.int64)
+KV_TILE = 128             # values of a token that share one fp8 scale
+
+
+def dequantize_tiles(x: Tensor, scale: Tensor | None) -> Tensor:
+    """fp32 values of KV rows; fp8 codes times their per-token, per-128-tile fp32 scale."""
+    if scale is None:
+        return x.float()
+    tiles = x.shape[-1] // KV_TILE
+    value = fp8_e4m3_to_float(x).unflatten(-1, (tiles, KV_TILE))
+    return value.mul_(scale.float().unsqueeze(-1)).flatten(-2)
+
+
+def _check_kv_scale(x: Tensor, scale: Tensor | None, x_name: str, scale_name: str) -> None:
+    if x.dtype != FP8:
+        require(scale is None, f"{OP}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
+                               f"`{x_name}` is {x.dtype}")
+        return
+    require(scale is not None, f"{OP}: float8_e4m3fn `{x_name}` needs `{scale_name}` (fp32, one scale per "
+                               f"token and {KV_TILE} values)")
+    check_dtype(OP, scale_name, scale, (torch.float32,))
+    d = x.shape[-1]
+    require(d % KV_TILE == 0, f"{OP}: head dim Dl={d} of float8 `{x_name}` is not a multiple of {KV_TILE}")
+    want = (*x.shape[:-1], d // KV_TILE)
+    require_same(OP, f"shape of `{scale_name}` and the expected [..., Dl/{KV_TILE}]", tuple(scale.shape), want)
+
+
+def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope: Tensor | None) -> None:
+    require((query_rope is None) == (key_rope is None),
+            f"{OP}: `query_rope` and `key_rope` go together; pass both or neither")
+    if query_rope is None:
+        return
+    for name, t in (("query_rope", query_rope), ("key_rope", key_rope)):
+        require_rank(OP, name, t, 4)
+        check_dtype(OP, name, t, FLOAT_DTYPES)
+    require_same(OP, "leading dims [B,S1,N1] of `query_rope` and `query`", tuple(query_rope.shape[:3]),
+                 tuple(query.shape[:3]))
+    require_same(OP, "leading dims of `key_rope` and `key`", tuple(key_rope.shape[:3]), tuple(key.shape[:3]))
+    require_same(OP, "rope dim Dr of `query_rope` and `key_rope`", query_rope.shape[3], key_rope.shape[3])
+
+
+def _check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, block_table: Tensor | None,
+                  actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
+                  query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
+                  value_scale: Tensor | None, sparse_block_size: int, layout_query: str, layout_kv: str,
+                  sparse_mode: int) -> None:
+    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake)."""
+    require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
+    require_choice(OP, "layout_kv", layout_kv, LAYOUTS_KV)
+    require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)
+    require_positive(OP, "sparse_block_size", sparse_block_size)
+    for name, t in (("query", query), ("key", key), ("value", value), ("sparse_indices", sparse_indices)):
+        require_rank(OP, name, t, 4)
+    check_dtype(OP, "query", query, FLOAT_DTYPES)
+    check_dtype(OP, "key", key, KV_DTYPES)
+    require_same(OP, "dtypes of `value` and `key`", value.dtype, key.dtype)
+    check_dtype(OP, "sparse_indices", sparse_indices, INDEX_DTYPES)
+    batch, s1 = query.shape[:2]
+    require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
+    require_same(OP, "head dim Dl of `query` and `key`", query.shape[3], key.shape[3])
+    require_same(OP, "shapes of `value` and `key`", tuple(value.shape), tuple(key.shape))
+    require_same(OP, "leading dims of `sparse_indices` and [B,S1,1]", tuple(sparse_indices.shape[:3]),
+                 (batch, s1, 1))
+    require(sparse_indices.shape[3] > 0, f"{OP}: `sparse_indices` selects no keys (last dim is 0)")
+    _check_rope(query, key, query_rope, key_rope)
+    _check_kv_scale(key, key_scale, "key", "key_scale")
+    _check_kv_scale(value, value_scale, "value", "value_scale")
+    check_key_layout(OP, key, block_table, layout_kv, "layout_kv", batch)
+    check_lengths(OP, actual_seq_lengths_query, "actual_seq_lengths_query", batch)
+    check_lengths(OP, actual_seq_lengths_kv, "actual_seq_lengths_kv", batch)
+
+
+def _check_data(sparse_indices: Tensor) -> None:
+    if sparse_indices.numel():
+        low = int(sparse_indices.min())
+        require(low >= -1, f"{OP}: `sparse_indices` holds {low}; entries must be >= 0, or -1 to skip")
+
+
+def _dense_rows(x: Tensor, scale: Tensor | None, block_table: Tensor | None, b: int, length: int) -> Tensor:
+    """The first `length` rows [length, D] of batch b in fp32, read from BSND or through the block table."""
+    rows = dequantize_tiles(x, scale)[:, :, 0]
+    if block_table is None:
+        return rows[b, :length]
+    blocks = block_table[b, :-(-length // x.shape[1])].long()
+    return rows[blocks].flatten(0, 1)[:length]
+
+
+def _reference_positions(indices: list[int], block: int, limit: int) -> list[int]:
+    return [p for i in indices if i >= 0 for p in range(i * block, (i + 1) * block) if p < limit]
+
+
+def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
+                                     scale_value: float, block_table: Tensor | None = None,
+                                     actual_seq_lengths_query: Tensor | None = None,
+                                     actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,
+                                     key_rope: Tensor | None = None, key_scale: Tensor | None = None,
+                                     value_scale: Tensor | None = None, *, sparse_block_size: int = 1,
+                                     layout_query: str = "BSND", layout_kv: str = "BSND", sparse_mode: int = 3,
+                                     return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The definition, one query token at a time in fp32: list its positions, softmax over their logits."""
+    _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                  query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
+                  sparse_mode)
+    _check_data(sparse_indices)
+    lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                               "actual_seq_lengths_kv")
+    out = torch.zeros(query.shape)
+    softmax_max = torch.full(query.shape[:3], float("-inf"))
+    softmax_sum = torch.zeros(query.shape[:3])
+    for b in range(query.shape[0]):
+        k = _dense_rows(key, key_scale, block_table, b, lkv[b])
+        v = _dense_rows(value, value_scale, block_table, b, lkv[b])
+        kr = None if key_rope is None else _dense_rows(key_rope, None, block_table, b, lkv[b])
+        for t in range(lq[b]):
+            limit = visible_keys(t, lq[b], lkv[b], sparse_mode)
+            pos = torch.tensor(_reference_positions(sparse_indices[b, t, 0].tolist(), sparse_block_size, limit),
+                               dtype=torch.long)
+            if pos.numel() == 0:
+                continue
+            logits = query[b, t].float() @ k[pos].T
+            if kr is not None:
+                logits = logits + query_rope[b, t].float() @ kr[pos].T
+            logits = logits * scale_value
+            row_max = logits.max(-1).values
+            e = torch.exp(logits - row_max[:, None])
+            out[b, t] = (e @ v[pos]) / e.sum(-1, keepdim=True)
+            softmax_max[b, t], softmax_sum[b, t] = row_max, e.sum(-1)
+    return out.to(query.dtype), softmax_max, softmax_sum
+
+
+class _Readers(NamedTuple):
+    key: KeyReader
+    value: KeyReader | None     # None: value is the key tensor, gathered once for both
+    rope: KeyReader | None
+
+
+def _same_tensor(a: Tensor | None, b: Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+                      and a.stride() == b.stride())
+
+
+def _readers(key: Tensor, value: Tensor, key_rope: Tensor | None, key_scale: Tensor | None,
+             value_scale: Tensor | None, block_table: Tensor | None) -> _Readers:
+    keys = KeyReader(key, key_scale, block_table, dequantize_tiles, "sfa/key")
+    shared = _same_tensor(key, value) and _same_tensor(key_scale, value_scale)
+    values = None if shared else KeyReader(value, value_scale, block_table, dequantize_tiles, "sfa/value")
+    rope = None if key_rope is None else KeyReader(key_rope, None, block_table, dequantize_tiles, "sfa/rope")
+    return _Readers(keys, values, rope)
+
+
+def _row_positions(indices: Tensor, block: int, limit: int) -> Tensor:
+    """Key positions [P] selected by one row of sparse_indices [K]: each index >= 0 stands for `block`
+    positions; positions >= limit are dropped."""
+    if block > 1:
+        positions = (indices.unsqueeze(1) * block + torch.arange(block)).flatten()
+        valid = (indices >= 0).repeat_interleave(block)
+    else:
+        positions, valid = indices, indices >= 0
+    valid &= positions < limit
+    return positions if bool(valid.all()) else positions[valid]
+
+
+def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None,
+                positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention of one query token, q [N1,Dl] and q_rope [N1,Dr] fp32 already multiplied by scale_value,
+    over the KV rows at `positions`, gathered once: (out [N1,Dl], softmax_max [N1], softmax_sum [N1])."""
+    k = readers.key.float_rows(b, positions)
+    v = k if readers.value is None else readers.value.float_rows(b, positions)
+    logits = linear(q, k)
+    if q_rope is not None:
+        logits += linear(q_rope, readers.rope.float_rows(b, positions))
+    row_max = logits.amax(1, keepdim=True)
+    probs = logits.sub_(row_max).exp_()
+    row_sum = probs.sum(1, keepdim=True)
+    return linear(probs, v.t()).div_(row_sum), row_max.squeeze(1), row_sum.squeeze(1)
+
+
+def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
+                                scale_value: float, block_table: Tensor | None,
+                                actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
+                                query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
+                                value_scale: Tensor | None, sparse_block_size: int,
+                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+    _check_data(sparse_indices)
+    lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                               "actual_seq_lengths_kv")
+    readers = _readers(key, value, key_rope, key_scale, value_scale, block_table)
+    out = torch.zeros(query.shape, dtype=query.dtype)
+    softmax_max = torch.full(query.shape[:3], float("-inf"))
+    softmax_sum = torch.zeros(query.shape[:3])
+    indices = sparse_indices.long()
+    for b in range(query.shape[0]):
+        for t in range(lq[b]):
+            limit = visible_keys(t, lq[b], lkv[b], sparse_mode)
+            positions = _row_positions(indices[b, t, 0], sparse_block_size, limit)
+            if positions.numel() == 0:
+                continue
+            q_rope = None if query_rope is None else query_rope[b, t].float() * scale_value
+            o, m, s = _attend_row(readers, b, query[b, t].float() * scale_value, q_rope, positions)
+            out[b, t], softmax_max[b, t], softmax_sum[b, t] = o, m, s
+    return out, softmax_max, softmax_sum
+
+
+@torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
+def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
+                           block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
+                           actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,
+                           key_rope: Tensor | None = None, key_scale: Tensor | None = None,
+                           value_scale: Tensor | None = None, *, sparse_block_size: int = 1,
+                           layout_query: str = "BSND", layout_kv: str = "BSND", sparse_mode: int = 3,
+                           return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention over the selected KV rows; see the module docstring. Returns (attention_out [B,S1,N1,Dl]
+    in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum fp32 [B,S1,N1])."""
+    _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                  query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
+                  sparse_mode)
+    return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
+                                       actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
+                                       key_scale, value_scale, sparse_block_size, sparse_mode)
+
+
+@sparse_flash_attention.register_fake
+def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value, block_table=None,
+                                 actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                                 key_rope=None, key_scale=None, value_scale=None, *, sparse_block_size=1,
+                                 layout_query="BSND", layout_kv="BSND", sparse_mode=3, return_softmax_lse=False):
+    _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                  query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
+                  sparse_mode)
+    batch, s1, n1 = query.shape[:3]
+    stats = query.new_empty((batch, s1, n1), dtype=torch.float32)
+    return torch.empty_like(query), stats, torch.empty_like(stats)

@@ -1,0 +1,302 @@
+"""ascend_dsa::lightning_indexer: fast CPU path against the fp32 reference (top-K compared as sets, scores
+as values), paged vs BSND, sequence lengths, -1 padding, MXFP8, errors, a property test of the definition,
+and the op inside torch.compile."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npu_graph.kernels import lightning_indexer as li
+
+OP = torch.ops.ascend_dsa.lightning_indexer
+
+
+def make_inputs(batch, s1, n1, d, s2, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, s1, n1, d, generator=g).to(dtype)
+    k = torch.randn(batch, s2, 1, d, generator=g).to(dtype)
+    w = torch.randn(batch, s1, n1, generator=g)
+    return q, k, w
+
+
+def to_paged(key, block_size, seed=0):
+    """The same keys in a paged cache with a shuffled block order, one spare block, and the block table."""
+    batch, s2, _, d = key.shape
+    per_batch = math.ceil(s2 / block_size)
+    padded = torch.zeros(batch, per_batch * block_size, 1, d, dtype=key.dtype)
+    padded[:, :s2] = key
+    blocks = padded.view(batch * per_batch, block_size, 1, d)
+    order = torch.randperm(batch * per_batch + 1, generator=torch.Generator().manual_seed(seed))
+    cache = torch.randn(batch * per_batch + 1, block_size, 1, d).to(key.dtype)
+    cache[order[:batch * per_batch]] = blocks
+    return cache, order[:batch * per_batch].view(batch, per_batch).to(torch.int32)
+
+
+def assert_same_topk(got, want, rtol=1e-5, atol=1e-4):
+    """Scores equal as sorted values, -1 in the same places, and indices equal as sets per row except for
+    keys tied with the last kept score (with few heads many keys score exactly 0)."""
+    (gi, gv), (wi, wv) = got, want
+    assert gi.dtype == torch.int32 and gv.dtype == torch.float32
+    assert gi.shape == wi.shape and gv.shape == wv.shape
+    assert torch.equal(gi == -1, wi == -1)
+    assert torch.equal(torch.isinf(gv), torch.isinf(wv))
+    finite = torch.isfinite(wv)
+    torch.testing.assert_close(gv[finite], wv[finite], rtol=rtol, atol=atol)
+    for ig, vg, iw, vw in zip(gi.flatten(0, 2), gv.flatten(0, 2), wi.flatten(0, 2), wv.flatten(0, 2)):
+        if torch.isfinite(vw).any():
+            above = vw[torch.isfinite(vw)].min() + atol + rtol * vw.abs().max()
+            assert set(ig[vg > above].tolist()) == set(iw[vw > above].tolist())
+
+
+def scores_of(q, k, w):
+    """Brute force score[b,t,s] for BSND inputs, fp32."""
+    dots = torch.einsum("btjd,bsd->btjs", q.float(), k[:, :, 0].float())
+    return (dots.relu() * w.float()[..., None]).sum(2)
+
+
+CASES = [  # batch, s1, n1, d, s2, k, sparse_mode
+    (2, 1, 8, 64, 700, 64, 3),      # decode, streamed over several chunks
+    (2, 37, 4, 32, 37, 16, 3),      # prefill, causal square
+    (1, 5, 4, 32, 300, 50, 3),      # a few queries at the end of a longer context
+    (2, 6, 4, 16, 90, 20, 0),       # no mask
+    (1, 4, 2, 16, 10, 32, 3),       # fewer visible keys than sparse_count: -1 padding
+    (2, 3, 8, 64, 9000, 300, 3),    # chunks of 4096 with a running top-K
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_matches_reference(case, dtype):
+    batch, s1, n1, d, s2, k, mode = case
+    q, key, w = make_inputs(batch, s1, n1, d, s2, dtype)
+    got = OP(q, key, w, sparse_count=k, sparse_mode=mode, return_value=True)
+    assert_same_topk(got, li.reference_lightning_indexer(q, key, w, sparse_count=k, sparse_mode=mode))
+
+
+def assert_values_within_margin(got, q, key, w, weights_exact):
+    """Default mode (return_value=False): the same top-K set as the fp32 scores, listed by descending value,
+    each value within the prefilter margin e = MARGIN·Σ_j |w_j|·ReLU(q_j·k) of its fp32 score."""
+    idx, val = got
+    score = scores_of(q, key, w)
+    bound = (torch.einsum("btjd,bsd->btjs", q.float(), key[:, :, 0].float()).relu()
+             * w.float().abs()[..., None]).sum(2)
+    factor = li.MARGIN_BF16_WEIGHTS if weights_exact else li.MARGIN_ROUNDED_WEIGHTS
+    for b in range(idx.shape[0]):
+        for t in range(idx.shape[1]):
+            chosen = idx[b, t, 0].long()
+            assert (val[b, t, 0].diff() <= 0).all()
+            assert (val[b, t, 0] - score[b, t, chosen]).abs().le(factor * bound[b, t, chosen] + 1e-4).all()
+            kth = score[b, t, chosen].min()
+            outside = torch.ones(score.shape[-1], dtype=torch.bool)
+            outside[chosen] = False
+            assert score[b, t, outside].max() <= kth + 1e-4
+
+
+@pytest.mark.parametrize("batch,s1,s2,k", [(1, 1, 16384, 2048), (3, 1, 3000, 256), (1, 3, 5000, 512)])
+def test_bf16_prefilter_matches_reference(batch, s1, s2, k):
+    q, key, w = make_inputs(batch, s1, 16, 64, s2, torch.bfloat16, seed=1)
+    got = OP(q, key, w, sparse_count=k, sparse_mode=0, return_value=True)
+    assert_same_topk(got, li.reference_lightning_indexer(q, key, w, sparse_count=k, sparse_mode=0))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("batch,s1,s2,k", [(1, 1, 16384, 2048), (2, 2, 3000, 256)])
+def test_bf16_prefilter_default_values(batch, s1, s2, k, weights_dtype):
+    """Without return_value, keys certain to be in the top K keep their prefilter score."""
+    q, key, w = make_inputs(batch, s1, 16, 64, s2, torch.bfloat16, seed=2)
+    w = w.to(weights_dtype)
+    got = OP(q, key, w, sparse_count=k, sparse_mode=0)
+    assert_values_within_margin(got, q, key, w, weights_exact=weights_dtype == torch.bfloat16)
+    exact = OP(q, key, w, sparse_count=k, sparse_mode=0, return_value=True)
+    for a, b in zip(got[0].flatten(0, 2), exact[0].flatten(0, 2)):
+        assert set(a.tolist()) == set(b.tolist())
+
+
+def test_prefilter_is_exact_with_near_ties():
+    """Keys that differ by less than the bf16 rounding of their scores: the prefilter keeps every key that
+    might belong to the top K and the exact pass orders them, so the scores equal the reference."""
+    q, key, w = make_inputs(1, 1, 8, 64, 4000, torch.bfloat16, seed=2)
+    base = torch.randn(1, 1, 1, 64).bfloat16()
+    key[:, 1000:3000] = base + (torch.randn(1, 2000, 1, 64) * 0.02).bfloat16()
+    w = w.abs()
+    got = OP(q, key, w, sparse_count=600, return_value=True)
+    ref = li.reference_lightning_indexer(q, key, w, sparse_count=600)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-4)
+    score = scores_of(q, key, w)[0, 0]
+    torch.testing.assert_close(score[got[0][0, 0, 0].long()], got[1][0, 0, 0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_paged_equals_bsnd(dtype, block_size):
+    q, key, w = make_inputs(3, 2, 8, 64, 3100, dtype, seed=3)
+    lengths = torch.tensor([3100, 1500, 7], dtype=torch.int32)
+    cache, table = to_paged(key, block_size, seed=4)
+    paged = OP(q, cache, w, actual_seq_lengths_key=lengths, block_table=table, layout_key="PA_BSND",
+               sparse_count=256)
+    bsnd = OP(q, key, w, actual_seq_lengths_key=lengths, sparse_count=256)
+    assert torch.equal(paged[0], bsnd[0]) and torch.equal(paged[1], bsnd[1])
+    ref = li.reference_lightning_indexer(q, cache, w, actual_seq_lengths_key=lengths, block_table=table,
+                                         layout_key="PA_BSND", sparse_count=256)
+    assert_same_topk(OP(q, cache, w, actual_seq_lengths_key=lengths, block_table=table, layout_key="PA_BSND",
+                        sparse_count=256, return_value=True), ref)
+
+
+def test_paged_default_key_length_is_table_capacity():
+    q, key, w = make_inputs(2, 1, 4, 32, 64, seed=5)
+    cache, table = to_paged(key, 16)
+    got = OP(q, cache, w, block_table=table, layout_key="PA_BSND", sparse_count=70, sparse_mode=0)
+    assert_same_topk(got, OP(q, key, w, sparse_count=70, sparse_mode=0))
+    assert (got[0] >= 0).sum(-1).flatten().tolist() == [64, 64]
+
+
+def test_actual_sequence_lengths():
+    q, key, w = make_inputs(2, 6, 4, 32, 50, seed=6)
+    lq = torch.tensor([6, 2], dtype=torch.int64)
+    lk = torch.tensor([50, 20], dtype=torch.int32)
+    idx, val = OP(q, key, w, actual_seq_lengths_query=lq, actual_seq_lengths_key=lk, sparse_count=8)
+    assert (idx[1, 2:] == -1).all() and torch.isinf(val[1, 2:]).all()
+    # batch 1: two real queries at the end of 20 keys see keys <= 18 and <= 19
+    assert idx[1, 0].max() <= 18 and idx[1, 1].max() <= 19 and (idx[1, :2] >= 0).all()
+    want = OP(q[1:, :2], key[1:, :20], w[1:, :2], sparse_count=8)
+    assert_same_topk((idx[1:, :2], val[1:, :2]), want)
+    ref = li.reference_lightning_indexer(q, key, w, actual_seq_lengths_query=lq, actual_seq_lengths_key=lk,
+                                         sparse_count=8)
+    assert_same_topk((idx, val), ref)
+
+
+def test_causal_padding_counts():
+    """Square causal prefill: query t sees t + 1 keys; the rest of its row is -1 / -inf."""
+    q, key, w = make_inputs(1, 10, 4, 16, 10, seed=7)
+    idx, val = OP(q, key, w, sparse_count=16)
+    assert (idx >= 0).sum(-1).flatten().tolist() == list(range(1, 11))
+    assert torch.equal(idx == -1, torch.isinf(val))
+    for t in range(10):
+        assert sorted(idx[0, t, 0, :t + 1].tolist()) == list(range(t + 1))
+        assert (val[0, t, 0, :t + 1].diff() <= 0).all()
+
+
+def test_more_queries_than_keys_sees_nothing_early():
+    q, key, w = make_inputs(1, 8, 4, 16, 5, seed=8)
+    idx, _ = OP(q, key, w, sparse_count=4)
+    assert (idx[0, :3] == -1).all()
+    assert (idx[0, 3, 0] >= 0).sum() == 1 and (idx[0, 7, 0] >= 0).sum() == 4
+
+
+def mx_quantize(x, seed=0):
+    """Random MXFP8 data: fp8 codes near x and one random power-of-two scale per 32 values."""
+    g = torch.Generator().manual_seed(seed)
+    codes = x.to(torch.float8_e4m3fn)
+    exponents = torch.randint(120, 134, (*x.shape[:-1], x.shape[-1] // 32), generator=g, dtype=torch.uint8)
+    return codes, exponents
+
+
+def test_mxfp8_equals_dequantized_fp32():
+    q, key, w = make_inputs(2, 3, 8, 64, 500, seed=9)
+    q8, qs = mx_quantize(q * 4, seed=1)
+    k8, ks = mx_quantize(key * 4, seed=2)
+    got = OP(q8, k8, w, query_scale=qs.view(torch.float8_e8m0fnu), key_scale=ks, sparse_count=40)
+    qf = q8.float() * torch.exp2(qs.float() - 127).repeat_interleave(32, -1)
+    kf = k8.float() * torch.exp2(ks.float() - 127).repeat_interleave(32, -1)
+    assert_same_topk(got, OP(qf, kf, w, sparse_count=40), rtol=1e-5, atol=1e-3)
+    ref = li.reference_lightning_indexer(q8, k8, w, query_scale=qs, key_scale=ks, sparse_count=40)
+    assert_same_topk(got, ref, rtol=1e-5, atol=1e-3)
+
+
+def test_mxfp8_paged():
+    q, key, w = make_inputs(2, 1, 4, 32, 200, seed=10)
+    k8, ks = mx_quantize(key, seed=3)
+    cache, table = to_paged(k8.view(torch.uint8), 16, seed=5)
+    scale_cache, _ = to_paged(ks, 16, seed=5)
+    got = OP(q, cache.view(torch.float8_e4m3fn), w, block_table=table, key_scale=scale_cache,
+             layout_key="PA_BSND", actual_seq_lengths_key=torch.tensor([200, 200]), sparse_count=32)
+    assert_same_topk(got, OP(q, k8, w, key_scale=ks, sparse_count=32))
+
+
+def test_fp8_decoding_is_exact():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    got = li.fp8_e4m3_to_float(codes)
+    want = codes.float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 2), s1=st.integers(1, 4), s2=st.integers(1, 40), n1=st.integers(1, 4),
+       d=st.sampled_from([4, 16, 32]), k=st.integers(1, 24), mode=st.sampled_from([0, 3]),
+       seed=st.integers(0, 2**16))
+def test_property_definition(batch, s1, s2, n1, d, k, mode, seed):
+    """Each row lists min(K, visible) distinct visible keys, its values are their scores in descending order,
+    and no unlisted visible key scores higher than the last listed one."""
+    q, key, w = make_inputs(batch, s1, n1, d, s2, seed=seed)
+    idx, val = OP(q, key, w, sparse_count=k, sparse_mode=mode)
+    score = scores_of(q, key, w)
+    for b in range(batch):
+        for t in range(s1):
+            visible = li.visible_keys(t, s1, s2, mode)
+            chosen = idx[b, t, 0, :min(k, visible)].long()
+            assert (idx[b, t, 0, min(k, visible):] == -1).all()
+            assert len(set(chosen.tolist())) == chosen.numel() and (chosen < visible).all()
+            torch.testing.assert_close(val[b, t, 0, :chosen.numel()], score[b, t, chosen])
+            assert (val[b, t, 0, :chosen.numel()].diff() <= 0).all()
+            others = torch.ones(visible, dtype=torch.bool)
+            others[chosen] = False
+            if chosen.numel() and others.any():
+                assert score[b, t, :visible][others].max() <= val[b, t, 0, chosen.numel() - 1] + 1e-4
+
+
+def bad_inputs():
+    q, key, w = make_inputs(2, 3, 4, 64, 40)
+    cache, table = to_paged(key, 16)
+    k8, ks = mx_quantize(key)
+    yield "rank 4", dict(query=q[0])
+    yield "layout_query", dict(layout_query="TND")
+    yield "layout_key", dict(layout_key="NZ")
+    yield "sparse_count` must be > 0", dict(sparse_count=0)
+    yield "sparse_mode", dict(sparse_mode=1)
+    yield "dtype torch.int32", dict(query=q.int())
+    yield "one head", dict(key=key.expand(2, 40, 2, 64))
+    yield "head dim D", dict(key=key[..., :32])
+    yield "shape of `weights`", dict(weights=w[:, :, :2])
+    yield "needs `block_table`", dict(key=cache, layout_key="PA_BSND")
+    yield "only used with layout_key", dict(block_table=table)
+    yield "outside the 7 blocks", dict(key=cache, layout_key="PA_BSND", block_table=table + 5)
+    yield "rows of `block_table`", dict(key=cache, layout_key="PA_BSND", block_table=table[:1])
+    yield "needs `key_scale`", dict(key=k8)
+    yield "only used with a float8", dict(key_scale=ks)
+    yield "shape of `key_scale`", dict(key=k8, key_scale=ks[..., :1])
+    yield "length of `actual_seq_lengths_query`", dict(actual_seq_lengths_query=torch.tensor([1, 2, 3]))
+    yield r"actual_seq_lengths_key`\[1\]=41", dict(actual_seq_lengths_key=torch.tensor([40, 41]))
+    yield "actual_seq_lengths_query` has dtype", dict(actual_seq_lengths_query=torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("match,change", list(bad_inputs()), ids=[m for m, _ in bad_inputs()])
+def test_clear_errors(match, change):
+    q, key, w = make_inputs(2, 3, 4, 64, 40)
+    args = dict(query=q, key=key, weights=w) | change
+    with pytest.raises(ValueError, match=match):
+        OP(**args)
+
+
+def test_inside_torch_compile_dynamic():
+    def fn(q, k, w, lk):
+        idx, val = OP(q, k, w, actual_seq_lengths_key=lk, sparse_count=16)
+        return idx + 1, val * 2
+
+    compiled = torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
+    for s1, s2 in [(3, 50), (5, 70)]:
+        q, key, w = make_inputs(2, s1, 4, 32, s2, torch.bfloat16)
+        lk = torch.tensor([s2, s2 - 7])
+        got, want = compiled(q, key, w, lk), fn(q, key, w, lk)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_opcheck():
+    q, key, w = make_inputs(2, 3, 4, 32, 40, torch.bfloat16)
+    cache, table = to_paged(key, 16)
+    torch.library.opcheck(OP.default, (q, key, w), {"sparse_count": 8})
+    torch.library.opcheck(OP.default, (q, cache, w), {"block_table": table, "layout_key": "PA_BSND",
+                                                      "actual_seq_lengths_key": torch.tensor([40, 33]),
+                                                      "sparse_count": 8, "sparse_mode": 0})
