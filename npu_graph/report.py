@@ -52,11 +52,15 @@ class GraphReport:
                    ops=summary.get("ops", 0),
                    fused_ops=summary.get("fused_ops", {}), passes=summary.get("passes", []), cache=cache)
 
+    def near_misses(self) -> list[dict[str, Any]]:
+        """Every pass's near misses (a candidate that almost matched, with the reason), tagged with the pass."""
+        return [{"pass": p["name"], **miss} for p in self.passes for miss in p.get("stats", {}).get("near_misses", [])]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "graph": self.name, "inference": self.inference, "target": self.target,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "ops": self.ops,
-            "fused_ops": self.fused_ops, "passes": self.passes,
+            "fused_ops": self.fused_ops, "near_misses": self.near_misses(), "passes": self.passes,
             "cache": self.cache, "cache_reason": self.cache_reason,
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
             "fallback": self.fallback, **self.extra,
