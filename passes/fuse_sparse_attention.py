@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, materialize, size_arg
+from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, is_neg_inf, materialize, size_arg
 from npu_graph.passes.fusion_graph import fuse_each
 from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
 
@@ -159,7 +159,7 @@ def _read_mask_form(m: SparseMatch, additive: torch.fx.Node) -> None:
     mask = _strip_views(additive)
     parts = [mask] if mask.target != aten.add.Tensor else [_strip_views(a) for a in mask.args[:2]]
     scatters = [p for p in parts if p.target == aten.scatter.value and p.args[1] in (-1, val(p).dim() - 1)
-                and is_zero(p.args[3]) and _fills_neg_inf(p.args[0])]
+                and _is_zero(p.args[3]) and is_neg_inf(p.args[0])]
     if len(scatters) != 1:
         raise NoMatch("the mask is not built from top-k indices (scatter of 0 into -inf)", near=False)
     m.indices = scatters[0].args[2]
@@ -169,14 +169,8 @@ def _read_mask_form(m: SparseMatch, additive: torch.fx.Node) -> None:
         raise NoMatch("more than one extra mask")
 
 
-def is_zero(value: object) -> bool:
+def _is_zero(value: object) -> bool:
     return isinstance(value, (int, float)) and value == 0
-
-
-def _fills_neg_inf(node: object) -> bool:
-    from npu_graph.passes.axis_trace import is_neg_inf
-
-    return is_neg_inf(node)
 
 
 def _read_gather_form(m: SparseMatch, score: Expr) -> None:
