@@ -24,14 +24,17 @@ MXFP8. query/key may be float8_e4m3fn with query_scale/key_scale of shape [..., 
 uint8 holding the biased exponent e): each group of 32 values along D is multiplied by 2^(e − 127).
 
 Fast CPU path. Query rows are processed in blocks; the keys of a batch stream through in chunks that are
-converted (or dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1], a ReLU and a batched
-matvec with the weights, and merged into a running top-K — the [heads × keys] score matrix is never formed.
-Decode rows with bf16 query and keys take a prefilter instead: a bf16 GEMM (fp32 accumulation, outputs
-rounded to bf16) gives for every key an approximate score A and the bound Bnd = Σ_j |w_j|·ReLU(q_j·k).
-Rounding the dot products, the weights and the two sums to bf16 (unit roundoff u = 2^-8) moves A by at most
-about 3u·Bnd from the fp32 score, so with the margin e = 4u·Bnd every key whose A + e lies below the K-th
-largest A − e cannot be in the top K. Only the remaining candidates (about K of them) are scored again in
-fp32, and the top K is taken among those exact scores.
+converted (or dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a
+matvec with the weights per row, and merged into a running top-K: the [heads × keys] score matrix is never
+formed. Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) take a prefilter instead:
+one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16, unit roundoff
+u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j |w_j|·ReLU(q_j·k).
+Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd (3u·Bnd) from the
+fp32 score, so e = 2.1u·Bnd (3.1u·Bnd) bounds the error. τ, a value at or below the K-th largest A − e (read
+off a sample and checked by a count), is reached by at least K true scores, so every key with A + e < τ is
+out of the top K. The candidates left (K plus those within the margins) are gathered and scored in fp32, and
+the top K among them is exactly the top K of the definition, values included.
+Large temporaries (gathered rows, fp32 copies) live in per-thread scratch buffers reused across calls.
 """
 import math
 import threading
@@ -201,66 +204,33 @@ def dequantize(x: Tensor, scale: Tensor | None) -> Tensor:
     return value.mul_(e8m0_to_float(scale).unsqueeze(-1)).flatten(-2)
 
 
-def _pad_topk(scores: Tensor, positions: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k of scores [R, n] along the last dim, sorted, as (positions int32, values); -1/-inf pads when
-    fewer than k entries are finite (masked keys carry -inf)."""
-    rows, n = scores.shape
-    indices = torch.full((rows, k), -1, dtype=torch.int32)
-    values = torch.full((rows, k), float("-inf"))
-    top, where = scores.topk(min(k, n), dim=-1)
-    chosen = positions.expand(rows, n).gather(1, where)
-    values[:, :top.shape[1]] = top
-    indices[:, :top.shape[1]] = chosen.masked_fill(top == float("-inf"), -1).to(torch.int32)
-    return indices, values
-
-
-def reference_lightning_indexer(query: Tensor, key: Tensor, weights: Tensor,
-                                actual_seq_lengths_query: Tensor | None = None,
-                                actual_seq_lengths_key: Tensor | None = None, block_table: Tensor | None = None,
-                                query_scale: Tensor | None = None, key_scale: Tensor | None = None, *,
-                                layout_query: str = "BSND", layout_key: str = "BSND", sparse_count: int = 2048,
-                                sparse_mode: int = 3, return_value: bool = False) -> tuple[Tensor, Tensor]:
-    """The definition, one query row at a time in fp32: score all visible keys, keep the top K."""
-    _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
-                  query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
-    lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
-                              actual_seq_lengths_key, "actual_seq_lengths_key")
-    q, w = dequantize(query, query_scale), weights.float()
-    keys = dequantize(key, key_scale)[:, :, 0]
-    batch, s1 = query.shape[:2]
-    indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
-    values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
-    for b in range(batch):
-        if block_table is None:
-            kb = keys[b]
-        else:
-            kb = keys[block_table[b, :math.ceil(lk[b] / key.shape[1])].long()].flatten(0, 1)
-        for t in range(lq[b]):
-            n = visible_keys(t, lq[b], lk[b], sparse_mode)
-            if n == 0:
-                continue
-            score = (torch.relu(q[b, t] @ kb[:n].T) * w[b, t, :, None]).sum(0)
-            top = score.topk(min(sparse_count, n))
-            indices[b, t, 0, :top.indices.numel()] = top.indices.to(torch.int32)
-            values[b, t, 0, :top.values.numel()] = top.values
-    return indices, values
-
-
 def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """A buffer of this thread reused from call to call, for multi-megabyte temporaries: a fresh allocation of
     that size is handed back to the OS when freed, so every call would page-fault it in again, which costs as
-    much as the work done in it. Nothing built on a scratch buffer is returned to the caller."""
+    much as the work done in it. Allocated as a normal tensor even under inference mode, so that later calls
+    outside it may write to it. Nothing built on a scratch buffer is returned to the caller."""
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
     numel = math.prod(shape)
     buf = buffers.get((name, dtype))
     if buf is None or buf.numel() < numel:
-        buf = buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
+        with torch.inference_mode(False):
+            buf = buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
     return buf[:numel].view(shape)
 
 
 def _as_float(x: Tensor, name: str) -> Tensor:
     """x in fp32: x itself, or a copy in the scratch buffer `name`."""
     return x if x.dtype == torch.float32 else scratch(name, tuple(x.shape), torch.float32).copy_(x)
+
+
+def linear(x: Tensor, w: Tensor, relu: bool = False) -> Tensor:
+    """x @ w.T, optionally through a ReLU, with fp32 accumulation. oneDNN's fused linear is used where it is
+    available (faster than the default GEMM for these skinny shapes on CPU, and bf16 inputs only round the
+    result); otherwise torch.nn.functional.linear."""
+    if ONEDNN_LINEAR and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and ONEDNN_BF16)):
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "relu" if relu else "none", [], "")
+    out = torch.nn.functional.linear(x, w)
+    return out.relu_() if relu else out
 
 
 class KeyReader:
@@ -310,6 +280,51 @@ class KeyReader:
         return _as_float(native, self.name + "/rows_f32")
 
 
+def _pad_topk(scores: Tensor, positions: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k of scores [R, n] along the last dim, sorted, as (positions int32, values); -1/-inf pads when
+    fewer than k entries are finite (masked keys carry -inf)."""
+    rows, n = scores.shape
+    indices = torch.full((rows, k), -1, dtype=torch.int32)
+    values = torch.full((rows, k), float("-inf"))
+    top, where = scores.topk(min(k, n), dim=-1)
+    chosen = positions.expand(rows, n).gather(1, where)
+    values[:, :top.shape[1]] = top
+    indices[:, :top.shape[1]] = chosen.masked_fill(top == float("-inf"), -1).to(torch.int32)
+    return indices, values
+
+
+def reference_lightning_indexer(query: Tensor, key: Tensor, weights: Tensor,
+                                actual_seq_lengths_query: Tensor | None = None,
+                                actual_seq_lengths_key: Tensor | None = None, block_table: Tensor | None = None,
+                                query_scale: Tensor | None = None, key_scale: Tensor | None = None, *,
+                                layout_query: str = "BSND", layout_key: str = "BSND", sparse_count: int = 2048,
+                                sparse_mode: int = 3, return_value: bool = False) -> tuple[Tensor, Tensor]:
+    """The definition, one query row at a time in fp32: score all visible keys, keep the top K."""
+    _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                  query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
+    lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
+                              actual_seq_lengths_key, "actual_seq_lengths_key")
+    q, w = dequantize(query, query_scale), weights.float()
+    keys = dequantize(key, key_scale)[:, :, 0]
+    batch, s1 = query.shape[:2]
+    indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
+    values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
+    for b in range(batch):
+        if block_table is None:
+            kb = keys[b]
+        else:
+            kb = keys[block_table[b, :math.ceil(lk[b] / key.shape[1])].long()].flatten(0, 1)
+        for t in range(lq[b]):
+            n = visible_keys(t, lq[b], lk[b], sparse_mode)
+            if n == 0:
+                continue
+            score = (torch.relu(q[b, t] @ kb[:n].T) * w[b, t, :, None]).sum(0)
+            top = score.topk(min(sparse_count, n))
+            indices[b, t, 0, :top.indices.numel()] = top.indices.to(torch.int32)
+            values[b, t, 0, :top.values.numel()] = top.values
+    return indices, values
+
+
 def _chunk_scores(keys_f32: Tensor, q_rows: Tensor, w_rows: Tensor) -> Tensor:
     """Scores [R, n] of keys [n, D] for query rows [R, N1, D] with weights [R, N1], all fp32: one GEMM over
     all rows and heads, ReLU in place, then a matvec over the heads (batched over the rows)."""
@@ -345,73 +360,49 @@ def _streamed_topk(keys: KeyReader, b: int, q_rows: Tensor, w_rows: Tensor, limi
     return _pad_topk(best, best_pos, k)
 
 
-def linear(x: Tensor, w: Tensor, relu: bool = False) -> Tensor:
-    """x @ w.T, optionally through a ReLU, with fp32 accumulation. oneDNN's fused linear is used where it is
-    available (faster than the default GEMM for these skinny shapes on CPU, and bf16 inputs only round the
-    result); otherwise torch.nn.functional.linear."""
-    if ONEDNN_LINEAR and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and ONEDNN_BF16)):
-        return torch.ops.mkldnn._linear_pointwise(x, w, None, "relu" if relu else "none", [], "")
-    out = torch.nn.functional.linear(x, w)
-    return out.relu_() if relu else out
-
-
 def _approx_scores(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, limit: int) -> tuple[Tensor, Tensor]:
     """bf16 GEMMs with fp32 accumulation: approximate scores A [limit] and their error margin e [limit], both
     fp32 (module docstring)."""
     mix = torch.stack([w_row, w_row.abs()]).to(torch.bfloat16)
     parts = []
     for start in range(0, limit, PREFILTER_CHUNK):
-        chunk = keys.native_range(b, start, min(start + PREFILTER_CHUNK, limit))
-        relu = torch.mm(chunk, q_row.t(), out=scratch("approx", (chunk.shape[0], q_row.shape[0]), chunk.dtype))
-        parts.append(torch.mm(mix, relu.relu_().t()))
+        relu = linear(keys.native_range(b, start, min(start + PREFILTER_CHUNK, limit)), q_row, relu=True)
+        parts.append(torch.mm(mix, relu.t()))
     both = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).float()
     exact_weights = torch.equal(mix[0].float(), w_row)
     return both[0], both[1].mul_(MARGIN_BF16_WEIGHTS if exact_weights else MARGIN_ROUNDED_WEIGHTS)
 
 
-def _kth_largest_bound(x: Tensor, k: int, below: bool) -> Tensor:
-    """A value v on a known side of the k-th largest entry of x: with `below`, at least k entries are >= v;
-    otherwise fewer than k entries are > v. It is read off a strided 1/8 sample, aimed 2.5 standard deviations
-    to that side, and checked on the whole; the exact k-th largest entry is the fallback."""
+def _kth_largest_bound(x: Tensor, k: int) -> Tensor:
+    """A value v with at least k entries of x >= v, close to the k-th largest entry: read off a strided 1/8
+    sample, aimed 2.5 standard deviations low, and checked on the whole; else the exact k-th largest entry
+    (a full selection costs more than the few extra candidates the estimate lets through)."""
     n = x.numel()
     if k >= 512:
         sample = x[::8].contiguous()
         m = sample.numel()
         expected = k * m / n
-        rank = round(expected + (2.5 if below else -2.5) * math.sqrt(expected))
-        v = torch.kthvalue(sample, m - min(max(rank, 1), m) + 1).values
-        if (int((x >= v).sum()) >= k) if below else (int((x > v).sum()) < k):
+        rank = min(round(expected + 2.5 * math.sqrt(expected)), m)
+        v = torch.kthvalue(sample, m - rank + 1).values
+        if int((x >= v).sum()) >= k:
             return v
     return torch.kthvalue(x, n - k + 1).values
 
 
-def _prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, limit: int, k: int,
-                      exact_values: bool) -> tuple[Tensor, Tensor]:
-    """Top-k of one bf16 query row (module docstring). At least k true scores reach τ, a value at or below the
-    k-th largest lower bound A − e, so keys with A + e < τ are pruned. Without `exact_values`, keys whose
-    lower bound beats a value at or above the (k+1)-th largest upper bound are certainly in and keep their
-    score A. The rest are scored in fp32 and fill the top k."""
+def _prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, limit: int,
+                      k: int) -> tuple[Tensor, Tensor]:
+    """Top-k of one bf16 query row (module docstring): at least k true scores reach τ, a value at or below
+    the k-th largest lower bound A − e, so keys with A + e < τ are pruned; the rest are scored in fp32."""
     approx, margin = _approx_scores(keys, b, q_row, w_row, limit)
-    lower, upper = approx - margin, approx + margin
-    tau = _kth_largest_bound(lower, k, below=True)
-    sure = torch.empty(0, dtype=torch.long)
-    if not exact_values:
-        sure = torch.nonzero(lower > _kth_largest_bound(upper, k + 1, below=False)).squeeze(1)
-    open_keys = upper >= tau
-    open_keys[sure] = False
-    candidates = torch.nonzero(open_keys).squeeze(1)
+    tau = _kth_largest_bound(approx - margin, k)
+    candidates = torch.nonzero(approx.add_(margin) >= tau).squeeze(1)
     exact = _chunk_scores(keys.float_rows(b, candidates), q_row.float().unsqueeze(0), w_row.unsqueeze(0))[0]
-    top, where = exact.topk(k - sure.numel())
-    if exact_values:
-        return candidates[where].to(torch.int32).unsqueeze(0), top.unsqueeze(0)
-    values, order = torch.cat([approx[sure], top]).sort(descending=True)
-    chosen = torch.cat([sure, candidates[where]])[order]
-    return chosen.to(torch.int32).unsqueeze(0), values.unsqueeze(0)
+    top, where = exact.topk(k)
+    return candidates[where].to(torch.int32).unsqueeze(0), top.unsqueeze(0)
 
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,
-                limits: list[int], k: int, prefilter: bool,
-                exact_values: bool) -> list[tuple[int, int, Tensor, Tensor]]:
+                limits: list[int], k: int, prefilter: bool) -> list[tuple[int, int, Tensor, Tensor]]:
     """(first row, last row, indices, values) blocks covering the valid query rows of batch b."""
     n1 = query.shape[2]
     if prefilter and len(limits) <= PREFILTER_MAX_ROWS:
@@ -424,7 +415,7 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
         if max(limits[t0:t1]) == 0:
             continue
         if prefilter and t1 - t0 == 1 and limits[t0] > 2 * k:
-            out.append((t0, t1, *_prefiltered_topk(keys, b, query[b, t0], w[b, t0], limits[t0], k, exact_values)))
+            out.append((t0, t1, *_prefiltered_topk(keys, b, query[b, t0], w[b, t0], limits[t0], k)))
             continue
         scale = None if query_scale is None else query_scale[b, t0:t1]
         q_rows = dequantize(query[b, t0:t1], scale)
@@ -435,7 +426,7 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
 def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
                            actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
                            query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
-                           sparse_mode: int, return_value: bool) -> tuple[Tensor, Tensor]:
+                           sparse_mode: int) -> tuple[Tensor, Tensor]:
     lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
                               actual_seq_lengths_key, "actual_seq_lengths_key")
     keys = KeyReader(key, key_scale, block_table)
@@ -446,8 +437,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
-        blocks = _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter, return_value)
-        for t0, t1, idx, val in blocks:
+        for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter):
             indices[b, t0:t1, 0] = idx
             values[b, t0:t1, 0] = val
     return indices, values
@@ -464,7 +454,7 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
     _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                   query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
     return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
-                                  block_table, query_scale, key_scale, sparse_count, sparse_mode, return_value)
+                                  block_table, query_scale, key_scale, sparse_count, sparse_mode)
 
 
 @lightning_indexer.register_fake

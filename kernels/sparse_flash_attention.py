@@ -32,9 +32,9 @@ fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape 
 128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
 
 Fast CPU path, one query token at a time: its valid positions are listed, the rows gathered once with
-index_select straight from the BSND tensor or the paged cache and converted to fp32 (once for key and value
-when they are the same tensor), and two GEMMs over all heads do the logits (the rope part as its own small
-GEMM, no concatenation; scale_value folded into the query) and the output.
+index_select straight from the BSND tensor or the paged cache and converted to fp32 into per-thread scratch
+buffers (once for key and value when they are the same tensor), and two GEMMs over all heads do the logits
+(the rope part as its own small GEMM, no concatenation; scale_value folded into the query) and the output.
 """
 from typing import NamedTuple
 
@@ -238,7 +238,7 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None,
     v = k if readers.value is None else readers.value.float_rows(b, positions)
     logits = linear(q, k)
     if q_rope is not None:
-        logits += linear(q_rope, readers.rope.float_rows(b, positions))
+        logits.addmm_(q_rope, readers.rope.float_rows(b, positions).t())
     row_max = logits.amax(1, keepdim=True)
     probs = logits.sub_(row_max).exp_()
     row_sum = probs.sum(1, keepdim=True)

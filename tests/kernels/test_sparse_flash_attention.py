@@ -221,6 +221,16 @@ def test_clear_errors(match, change):
         OP(**args)
 
 
+def test_inference_mode_then_normal_mode():
+    q, kv, qr, kr = make_inputs(1, 1, 4, 64, 16, 500, torch.bfloat16, seed=14)
+    idx = random_indices(1, 1, 500, 100, seed=15)
+    with torch.inference_mode():
+        first = OP(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr)
+    second = OP(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 def test_inside_torch_compile_dynamic():
     def fn(q, kv, idx, qr, kr, lk):
         out, smax, ssum = OP(q, kv, kv, idx, 0.125, actual_seq_lengths_kv=lk, query_rope=qr, key_rope=kr)
