@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import npu_graph
 from npu_graph.models.norm import RMSNorm
 from npu_graph.passes import fuse_add_rms_norm
 
@@ -16,30 +15,11 @@ TOL = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2 ** -7, 1e-5)}
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def op_names(gm):
-    return {f"{n.target.namespace}.{n.target._opname}" for n in gm.graph.nodes
-            if isinstance(n.target, torch._ops.OpOverload)}
-
-
-def run(monkeypatch, fn, *args):
+def run(watch_pass, fn, *args):
     """Eager (ref) and compiled (out) results, the report, the pass stats and the op sets before/after it."""
-    sets = []
-    real = fuse_add_rms_norm.run
-
-    def spy(gm, ctx):
-        sets.append(op_names(gm))
-        result = real(gm, ctx)
-        sets.append(op_names(gm))
-        return result
-
-    monkeypatch.setattr(fuse_add_rms_norm, "run", spy)
-    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
-    with torch.no_grad():
-        ref = fn(*args)
-        out = torch.compile(fn, backend=backend)(*args)
-    report = backend.reports[-1]
-    stats = next(p["stats"] for p in report.passes if p["name"] == fuse_add_rms_norm.NAME)
-    return SimpleNamespace(ref=ref, out=out, report=report, stats=stats, before=sets[0], after=sets[1])
+    watched = watch_pass(fuse_add_rms_norm, fn, *args)
+    return SimpleNamespace(ref=watched.ref, out=watched.out, report=watched.report, stats=watched.stats,
+                           before=watched.before_names, after=watched.after_names)
 
 
 def inputs(dtype):
@@ -77,7 +57,7 @@ NORMS = {"reference_model": reference_norm, "functional": functional_norm, "no_w
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("norm", NORMS)
-def test_residual_add_then_norm_becomes_add_rms_norm(monkeypatch, norm, dtype):
+def test_residual_add_then_norm_becomes_add_rms_norm(watch_pass, norm, dtype):
     x, r, w = inputs(dtype)
     normalize = NORMS[norm](w)
 
@@ -85,7 +65,7 @@ def test_residual_add_then_norm_becomes_add_rms_norm(monkeypatch, norm, dtype):
         h = x + r
         return normalize(h) * 2, h * 3
 
-    out = run(monkeypatch, block, x, r)
+    out = run(watch_pass, block, x, r)
     assert out.stats == {"matches": {fuse_add_rms_norm.PATTERN: 1}, "near_misses": []}
     assert out.report.fused_ops == {"add_rms_norm": 1}
     assert {"aten.add", "ascend_dsa.rms_norm"} <= out.before
@@ -94,7 +74,7 @@ def test_residual_add_then_norm_becomes_add_rms_norm(monkeypatch, norm, dtype):
     assert_close(out.out, out.ref, dtype)
 
 
-def test_sum_used_before_the_norm_and_only_by_the_norm(monkeypatch):
+def test_sum_used_before_the_norm_and_only_by_the_norm(watch_pass):
     x, r, w = inputs(torch.float32)
     normalize = reference_norm(w)
 
@@ -104,36 +84,36 @@ def test_sum_used_before_the_norm_and_only_by_the_norm(monkeypatch):
         g = early + x
         return normalize(h), normalize(g)
 
-    out = run(monkeypatch, two_layers, x, r)
+    out = run(watch_pass, two_layers, x, r)
     assert out.stats["matches"] == {fuse_add_rms_norm.PATTERN: 2} and out.report.fused_ops == {"add_rms_norm": 2}
     assert_close(out.out, out.ref, torch.float32)
 
 
-def test_plain_norm_is_unchanged(monkeypatch):
+def test_plain_norm_is_unchanged(watch_pass):
     x, _, w = inputs(torch.float32)
-    out = run(monkeypatch, reference_norm(w), x)
+    out = run(watch_pass, reference_norm(w), x)
     assert out.stats == {"matches": {}, "near_misses": []} and out.before == out.after
     assert out.report.fused_ops == {"rms_norm": 1}
     torch.testing.assert_close(out.out, out.ref, rtol=1e-5, atol=1e-6)
 
 
-def test_bias_add_is_a_near_miss(monkeypatch):
+def test_bias_add_is_a_near_miss(watch_pass):
     x, _, w = inputs(torch.float32)
     normalize = reference_norm(w)
-    out = run(monkeypatch, lambda x, b: normalize(x + b), x, w * 0.1)
+    out = run(watch_pass, lambda x, b: normalize(x + b), x, w * 0.1)
     assert out.report.fused_ops == {"rms_norm": 1} and out.before == out.after
     assert "broadcasts" in out.stats["near_misses"][0]["reason"]
     torch.testing.assert_close(out.out, out.ref, rtol=1e-5, atol=1e-6)
 
 
-def test_weight_computed_after_a_use_of_the_sum_is_a_near_miss(monkeypatch):
+def test_weight_computed_after_a_use_of_the_sum_is_a_near_miss(watch_pass):
     x, r, w = inputs(torch.float32)
 
     def data_dependent_weight(x, r):
         h = x + r
         return F.rms_norm(h, (D,), w + h.mean((0, 1)), EPS)
 
-    out = run(monkeypatch, data_dependent_weight, x, r)
+    out = run(watch_pass, data_dependent_weight, x, r)
     assert out.report.fused_ops == {"rms_norm": 1}
     assert out.stats["near_misses"][0]["reason"] == "the sum is used before the norm's weight is computed"
     torch.testing.assert_close(out.out, out.ref, rtol=1e-5, atol=1e-6)

@@ -1,50 +1,28 @@
 """fuse_attention on the ways models write dense softmax attention: op sets before/after the pass and
 equal numerics; sparse attention, softmax over depth and graphs without attention are left alone."""
 import math
-from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import npu_graph
 from npu_graph.passes import fuse_attention
 
 FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 SOFTMAX = "aten._softmax.default"
 
 
-def op_counts(gm: torch.fx.GraphModule) -> Counter:
-    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-
-
 @pytest.fixture
-def ops(monkeypatch):
-    """Operator counts of the graph before and after fuse_attention, one pair per compiled graph."""
-    seen = []
-    original = fuse_attention.run
-
-    def spy(gm, ctx):
-        before = op_counts(gm)
-        result = original(gm, ctx)
-        seen.append((before, op_counts(gm)))
-        return result
-
-    monkeypatch.setattr(fuse_attention, "run", spy)
-    return seen
+def ops(watch_pass):
+    """Compiles with fuse_attention watched (see conftest.watch_pass)."""
+    return lambda fn, *args: watch_pass(fuse_attention, fn, *args)
 
 
 def run(fn, *args, ops, atol=1e-5):
-    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
-    with torch.no_grad():
-        ref = fn(*args)
-        out = torch.compile(fn, backend=backend)(*args)
-    report = backend.reports[-1]
-    assert report.fallback is None
-    torch.testing.assert_close(out, ref, rtol=atol, atol=atol)
-    stats = next(p["stats"] for p in report.passes if p["name"] == fuse_attention.NAME)
-    before, after = ops[-1]
-    return stats, before, after
+    watched = ops(fn, *args)
+    assert watched.report.fallback is None
+    torch.testing.assert_close(watched.out, watched.ref, rtol=atol, atol=atol)
+    return watched.stats, watched.before, watched.after
 
 
 def assert_fused(stats, before, after, count=1):

@@ -16,37 +16,17 @@ FUSED = "ascend_dsa.fused_moe.default"
 T, E, H, K = 6, 8, 16, 2
 
 
-def op_counts(gm: torch.fx.GraphModule) -> Counter:
-    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-
-
 @pytest.fixture
-def ops(monkeypatch):
-    """Operator counts of the graph before and after fuse_moe, one pair per compiled graph."""
-    seen = []
-    original = fuse_moe.run
-
-    def spy(gm, ctx):
-        before = op_counts(gm)
-        result = original(gm, ctx)
-        seen.append((before, op_counts(gm)))
-        return result
-
-    monkeypatch.setattr(fuse_moe, "run", spy)
-    return seen
+def ops(watch_pass):
+    """Compiles with fuse_moe watched (see conftest.watch_pass)."""
+    return lambda fn, *args: watch_pass(fuse_moe, fn, *args)
 
 
 def run(fn, *args, ops, atol=1e-5):
-    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
-    with torch.no_grad():
-        ref = fn(*args)
-        out = torch.compile(fn, backend=backend)(*args)
-    report = backend.reports[-1]
-    assert report.fallback is None
-    torch.testing.assert_close(out, ref, rtol=atol, atol=atol)
-    stats = next(p["stats"] for p in report.passes if p["name"] == fuse_moe.NAME)
-    before, after = ops[-1]
-    return stats, before, after
+    watched = ops(fn, *args)
+    assert watched.report.fallback is None
+    torch.testing.assert_close(watched.out, watched.ref, rtol=atol, atol=atol)
+    return watched.stats, watched.before, watched.after
 
 
 def tiny_config() -> HybridConfig:

@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import npu_graph
 from npu_graph.models.norm import GatedRMSNorm, RMSNorm
 from npu_graph.passes import fuse_rms_norm
 
@@ -16,30 +15,11 @@ TOL = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2 ** -7, 1e-5)}
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def op_names(gm):
-    return {f"{n.target.namespace}.{n.target._opname}" for n in gm.graph.nodes
-            if isinstance(n.target, torch._ops.OpOverload)}
-
-
-def run(monkeypatch, fn, *args, options=None, dynamic=None):
+def run(watch_pass, fn, *args, options=None, dynamic=None):
     """Eager (ref) and compiled (out) results, the report, the pass stats and the op sets before/after it."""
-    sets = []
-    real = fuse_rms_norm.run
-
-    def spy(gm, ctx):
-        sets.append(op_names(gm))
-        result = real(gm, ctx)
-        sets.append(op_names(gm))
-        return result
-
-    monkeypatch.setattr(fuse_rms_norm, "run", spy)
-    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False, **(options or {})}))
-    with torch.no_grad():
-        ref = fn(*args)
-        out = torch.compile(fn, backend=backend, dynamic=dynamic)(*args)
-    report = backend.reports[-1]
-    stats = next(p["stats"] for p in report.passes if p["name"] == fuse_rms_norm.NAME)
-    return SimpleNamespace(ref=ref, out=out, report=report, stats=stats, before=sets[0], after=sets[1])
+    watched = watch_pass(fuse_rms_norm, fn, *args, options=options, dynamic=dynamic)
+    return SimpleNamespace(ref=watched.ref, out=watched.out, report=watched.report, stats=watched.stats,
+                           before=watched.before_names, after=watched.after_names)
 
 
 def inputs(dtype, shape=(2, 5, D)):
@@ -124,10 +104,10 @@ VARIANTS = {
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_variant_becomes_one_rms_norm(monkeypatch, variant, dtype):
+def test_variant_becomes_one_rms_norm(watch_pass, variant, dtype):
     make, weight_in_op = VARIANTS[variant]
     x, w = inputs(dtype)
-    r = run(monkeypatch, make(w), x)
+    r = run(watch_pass, make(w), x)
     fused_weight = weight_in_op == "always" or (weight_in_op == "fp32" and dtype == torch.float32)
     pattern = fuse_rms_norm.PATTERN_WEIGHTED if fused_weight else fuse_rms_norm.PATTERN
     assert r.stats == {"matches": {pattern: 1}, "near_misses": []}
@@ -137,52 +117,52 @@ def test_variant_becomes_one_rms_norm(monkeypatch, variant, dtype):
     assert_close(r.out, r.ref, dtype)
 
 
-def test_weight_after_the_cast_back_stays_a_separate_multiply_in_bf16(monkeypatch):
+def test_weight_after_the_cast_back_stays_a_separate_multiply_in_bf16(watch_pass):
     """w * norm(x).to(bf16) rounds twice; the op rounds once, so it normalizes with ones and w stays."""
     x, w = inputs(torch.bfloat16)
-    r = run(monkeypatch, reference_module(w), x)
+    r = run(watch_pass, reference_module(w), x)
     assert "aten.mul" in r.after and "aten.ones" in r.after
     assert torch.equal(r.out, r.ref)
 
 
-def test_symbolic_sizes(monkeypatch):
+def test_symbolic_sizes(watch_pass):
     x, w = inputs(torch.float32)
     torch._dynamo.mark_dynamic(x, 1)
-    r = run(monkeypatch, reference_module(w), x)
+    r = run(watch_pass, reference_module(w), x)
     assert r.report.fused_ops == {"rms_norm": 1}
     assert_close(r.out, r.ref, torch.float32)
 
 
-def test_eps_made_symbolic_by_dynamic_true_is_a_near_miss(monkeypatch):
+def test_eps_made_symbolic_by_dynamic_true_is_a_near_miss(watch_pass):
     x, w = inputs(torch.float32)
-    r = run(monkeypatch, reference_module(w), x, dynamic=True)
+    r = run(watch_pass, reference_module(w), x, dynamic=True)
     assert r.report.fused_ops == {} and torch.equal(r.out, r.ref)
     assert "eps is a run-time tensor" in r.stats["near_misses"][0]["reason"]
 
 
-def test_graph_without_rms_norm_is_unchanged(monkeypatch):
+def test_graph_without_rms_norm_is_unchanged(watch_pass):
     def l2_and_softmax(x, w):
         return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + EPS) + (x * w).softmax(-1)
 
-    r = run(monkeypatch, l2_and_softmax, *inputs(torch.float32))
+    r = run(watch_pass, l2_and_softmax, *inputs(torch.float32))
     assert r.stats == {"matches": {}, "near_misses": []} and r.before == r.after and r.report.fused_ops == {}
     assert torch.equal(r.out, r.ref)
 
 
-def test_norm_computed_in_bf16_is_a_near_miss(monkeypatch):
+def test_norm_computed_in_bf16_is_a_near_miss(watch_pass):
     def low_precision(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
 
-    r = run(monkeypatch, low_precision, *inputs(torch.bfloat16))
+    r = run(watch_pass, low_precision, *inputs(torch.bfloat16))
     assert r.report.fused_ops == {} and r.before == r.after and torch.equal(r.out, r.ref)
     assert [m["reason"] for m in r.stats["near_misses"]] == [
         "the norm is computed in torch.bfloat16; rms_norm computes in float32"]
 
 
-def test_mean_over_another_dim_is_a_near_miss(monkeypatch):
+def test_mean_over_another_dim_is_a_near_miss(watch_pass):
     def column_norm(x, w):
         return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + EPS) * w
 
-    r = run(monkeypatch, column_norm, *inputs(torch.float32))
+    r = run(watch_pass, column_norm, *inputs(torch.float32))
     assert r.report.fused_ops == {} and torch.equal(r.out, r.ref)
     assert "not over the last dim" in r.stats["near_misses"][0]["reason"]
