@@ -3,11 +3,11 @@ decode T=1, experts nobody picked, an expert picked twice by a token), agreement
 expert loop, opcheck, torch.compile, errors."""
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels.fused_moe import reference_fused_moe
+from npu_graph.tools.bench_kernels_kda import expert_loop
 
 OPS = torch.ops.ascend_dsa
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
@@ -68,21 +68,9 @@ def test_equals_expert_loop(tokens, experts, data, seed):
     assert_matches_reference(*make_inputs(tokens, 16, 8, experts, top_k, seed=seed))
 
 
-def transformers_expert_loop(x, w13, w2, weights, ids):
-    """KimiLinearExperts.forward (transformers' eager expert loop), with w13 as gate_up_proj."""
-    out = torch.zeros_like(x)
-    mask = F.one_hot(ids.long(), num_classes=w13.shape[0]).permute(2, 1, 0)
-    for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
-        slot, token = torch.where(mask[e[0]])
-        gate, up = F.linear(x[token], w13[e[0]]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[e[0]]) * weights[token, slot, None]
-        out.index_add_(0, token, y.to(out.dtype))
-    return out
-
-
 def test_matches_transformers_expert_loop():
     args = make_inputs(50, 64, 32, 16, 4, seed=4)
-    torch.testing.assert_close(OPS.fused_moe(*args), transformers_expert_loop(*args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(OPS.fused_moe(*args), expert_loop(*args), rtol=1e-5, atol=1e-5)
 
 
 def test_opcheck():
