@@ -19,8 +19,8 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten, materialize, size_arg
-from npu_graph.passes.fusion_graph import fuse_each, leaf_roots
-from npu_graph.passes.match_util import Mask, NoMatch, paged_read, peel_mask, strip_casts, topk_parts, val
+from npu_graph.passes.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
+from npu_graph.passes.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts, val
 
 NAME = "fuse_lightning_indexer"
 INFERENCE_ONLY = True
@@ -51,7 +51,7 @@ def _has_relu(expr: Expr) -> bool:
 
 
 def _roots(tracer: Tracer, leaf: Expr) -> set[int]:
-    return set(map(id, leaf_roots(tracer.leaf_dims[leaf.node])))
+    return leaf_root_ids(tracer, leaf.node)
 
 
 def _split_factors(tracer: Tracer, expr: Expr) -> tuple[Expr, Expr, Expr, Expr, float]:
@@ -122,10 +122,7 @@ def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, t
     dims = m.tracer.leaf_dims[m.k]
     if paged is not None and len(dims) == 5 and flat(m.keys) == flat(dims[1] + dims[2]):
         cache, table = paged
-        table = strip_casts(table)
-        if val(table).dtype != torch.int32:
-            table = graph.call_function(aten._to_copy.default, (table,), {"dtype": torch.int32})
-        return cache, table, "PA_BSND"
+        return cache, int32_table(graph, table), "PA_BSND"
     key = materialize(graph, m.k, dims, [tuple(m.batch), tuple(m.keys), (), tuple(m.depth)])
     return key, None, "BSND"
 
@@ -133,19 +130,9 @@ def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, t
 def _lengths(graph: torch.fx.Graph, m: IndexerMatch, score: torch.fx.Node) -> tuple[object, object]:
     if m.mask is None:
         return None, None
-    mask = m.mask.tensor
-    if m.mask.kind == "invisible":
-        mask = graph.call_function(aten.logical_not.default, (mask,))
-    dims = m.tracer.trace(score).dims
-    extra = val(m.mask.tensor).dim() - len(dims)
-    if extra > 0:
-        mask = graph.call_function(aten.squeeze.dims, (mask, list(range(extra))))
-    mask = graph.call_function(aten.expand.default, (mask, [size_arg(graph, list(d)) for d in dims]))
-    flat = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
-    mask = graph.call_function(aten.reshape.default, (mask, flat))
-    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, m.mask.kind == "additive"))
-    return (graph.call_function(operator.getitem, (lengths, 0)),
-            graph.call_function(operator.getitem, (lengths, 1)))
+    score_shape = [size_arg(graph, list(d)) for d in m.tracer.trace(score).dims]
+    flat_shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
+    return causal_lengths_from_mask(graph, m.mask.tensor, score_shape, flat_shape, m.mask.kind)
 
 
 def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch) -> None:

@@ -19,7 +19,7 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, is_neg_inf, materialize, size_arg
-from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
 from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
 
 NAME = "fuse_sparse_attention"
@@ -62,10 +62,6 @@ def _strip_views(node: object) -> object:
     return node
 
 
-def _roots(tracer: Tracer, node: torch.fx.Node) -> set[int]:
-    return {id(a) for d in tracer.leaf_dims[node] for a in flat(d)}
-
-
 def _terms(tracer: Tracer, score: Expr, keys: list[Axis]) -> tuple[list[Term], float]:
     """The q·k contractions summed in the score, and the score's overall scale."""
     scale = 1.0
@@ -80,8 +76,8 @@ def _terms(tracer: Tracer, score: Expr, keys: list[Axis]) -> tuple[list[Term], f
             raise NoMatch("a score term is not one q·k product")
         a, b = (as_leaf(tracer, f) for f in part.factors)
         key_ids = {id(x) for x in flat(keys)}
-        q, k = (b, a) if key_ids <= _roots(tracer, a.node) else (a, b)
-        if not key_ids <= _roots(tracer, k.node):
+        q, k = (b, a) if key_ids <= leaf_root_ids(tracer, a.node) else (a, b)
+        if not key_ids <= leaf_root_ids(tracer, k.node):
             raise NoMatch("a score term does not run over the softmax axis")
         reduced = {id(a) for a in flat(list(part.reduced))}
         ordered = [a for d in tracer.leaf_dims[k.node] for a in flat(d) if id(a) in reduced]
@@ -208,7 +204,7 @@ def _paged_gather(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, to
 def _assign_query_axes(m: SparseMatch, softmax_node: torch.fx.Node, mask_shape: list | None) -> None:
     """Split the query-side axes into batch, rows (positions: the mask varies along them) and heads."""
     tracer = m.tracer
-    rq, rk = _roots(tracer, m.main.q), _roots(tracer, m.main.k)
+    rq, rk = leaf_root_ids(tracer, m.main.q), leaf_root_ids(tracer, m.main.k)
     dims = tracer.trace(softmax_node).dims
     shape = [1] * len(dims) if mask_shape is None else [1] * (len(dims) - len(mask_shape)) + mask_shape
     key_ids = {id(a) for a in m.keys}
@@ -230,10 +226,7 @@ def _kv_input(graph: torch.fx.Graph, m: SparseMatch, term: Term) -> tuple[torch.
     gathered = _paged_gather(term.k)
     paged = gathered or paged_read(term.k)
     if paged is not None:
-        table = strip_casts(paged[1])
-        if val(table).dtype != torch.int32:
-            table = graph.call_function(aten._to_copy.default, (table,), {"dtype": torch.int32})
-        return paged[0], table, "PA_BSND"
+        return paged[0], int32_table(graph, paged[1]), "PA_BSND"
     dims = m.tracer.leaf_dims[term.k]
     key = materialize(graph, term.k, dims, [tuple(m.batch), tuple(m.keys), (), tuple(term.reduced)])
     return key, None, "BSND"
@@ -263,13 +256,7 @@ def _lengths(graph: torch.fx.Graph, m: SparseMatch) -> tuple[object, object]:
     if m.mask is None:
         return None, None
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
-    mask = m.mask
-    extra = val(mask).dim() - 3
-    if extra > 0:
-        mask = graph.call_function(aten.squeeze.dims, (mask, list(range(extra))))
-    mask = graph.call_function(aten.expand.default, (mask, shape))
-    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, True))
-    return graph.call_function(operator.getitem, (lengths, 0)), graph.call_function(operator.getitem, (lengths, 1))
+    return causal_lengths_from_mask(graph, m.mask, shape, shape, "additive")
 
 
 def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:

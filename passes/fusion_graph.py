@@ -2,6 +2,7 @@
 node.meta["val"] after a rewrite so that later passes see correct fake tensors."""
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Callable
 
@@ -10,12 +11,38 @@ import torch.fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from npu_graph.pass_api import PassResult
-from npu_graph.passes.axis_trace import Axis, Dim, TraceError, flat
-from npu_graph.passes.match_util import NoMatch, near_miss
+from npu_graph.passes.axis_trace import TraceError, Tracer, flat
+from npu_graph.passes.match_util import NoMatch, near_miss, strip_casts, val
 
 
-def leaf_roots(dims: list[Dim]) -> list[Axis]:
-    return [a for d in dims for a in flat(d)]
+def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:
+    """ids of the root atoms of a traced leaf (compare axes of different leaves by these)."""
+    return {id(a) for d in tracer.leaf_dims[leaf] for a in flat(d)}
+
+
+def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
+    """A block table as the fused ops take it: int32, reading through the model's own casts."""
+    table = strip_casts(table)
+    if val(table).dtype != torch.int32:
+        table = graph.call_function(torch.ops.aten._to_copy.default, (table,), {"dtype": torch.int32})
+    return table
+
+
+def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_shape: list[object],
+                             flat_shape: list[object], kind: str) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """Emit `ascend_dsa.causal_lengths` on a mask (kind: visible / invisible bool, or additive float) broadcast
+    to the score (`score_shape`) and laid out as [batch, rows, keys] (`flat_shape`); returns the (query, key)
+    length nodes."""
+    extra = val(mask).dim() - len(score_shape)
+    if kind == "invisible":
+        mask = graph.call_function(torch.ops.aten.logical_not.default, (mask,))
+    if extra > 0:
+        mask = graph.call_function(torch.ops.aten.squeeze.dims, (mask, list(range(extra))))
+    mask = graph.call_function(torch.ops.aten.expand.default, (mask, score_shape))
+    if score_shape is not flat_shape:
+        mask = graph.call_function(torch.ops.aten.reshape.default, (mask, flat_shape))
+    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, kind == "additive"))
+    return graph.call_function(operator.getitem, (lengths, 0)), graph.call_function(operator.getitem, (lengths, 1))
 
 
 def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[torch.fx.Node], str],

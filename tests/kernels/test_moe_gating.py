@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
+from npu_graph.tools.bench_kernels_kda import grouped_router
 
 OPS = torch.ops.ascend_dsa
 
@@ -57,27 +58,12 @@ def test_equals_brute_force(data, tokens, group_count, per_group, mode, norm_typ
                              renorm=renorm, norm_type=norm_type, routed_scaling_factor=scale)
 
 
-def deepseek_v3_router(logits, bias, top_k, n_group, topk_group, scaling):
-    """The grouped router of transformers' DeepSeek-V3 / Kimi Linear (KimiLinearTopkRouter.forward)."""
-    scores = logits.sigmoid()
-    choice = scores + bias
-    group_scores = choice.view(-1, n_group, logits.shape[1] // n_group).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, logits.shape[1] // n_group).reshape(logits.shape)
-    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-    idx = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, idx)
-    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, idx
-
-
 def test_matches_deepseek_v3_router():
     g = torch.Generator().manual_seed(1)
     logits, bias = torch.randn(64, 64, generator=g), torch.randn(64, generator=g) * 0.1
     y, idx, _ = OPS.moe_gating_top_k(logits, 6, bias, k_group=2, group_count=8, group_select_mode=1,
                                      norm_type=1, routed_scaling_factor=2.5)
-    ref_y, ref_idx = deepseek_v3_router(logits, bias, 6, 8, 2, 2.5)
+    ref_y, ref_idx = grouped_router(logits, bias, 6, 8, 2, 2.5)
     order = ref_idx.argsort(dim=-1)
     mine = idx.long().argsort(dim=-1)
     assert torch.equal(idx.long().gather(1, mine), ref_idx.gather(1, order))
