@@ -8,6 +8,7 @@ PYTHONHASHSEED. A graph whose arguments cannot be written down stably raises Unc
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -30,7 +31,9 @@ class Uncacheable(Exception):
     """This graph cannot be keyed or stored safely; the cache is bypassed with this reason."""
 
 
+@functools.cache
 def versions() -> dict[str, str]:
+    """Versions that invalidate compiled code; fixed for the life of a process (looked up once)."""
     from npu_graph import __version__
 
     found = {"python": platform.python_version(), "torch": torch.__version__, "ascend-dsa": __version__}
