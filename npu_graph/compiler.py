@@ -52,6 +52,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     except Exception as exc:
         raise CompileStepError(getattr(exc, "pass_name", "pipeline"), exc) from exc
     report.passes = [r.to_json() for r in records]
+    for record in records:
+        report.extra.update(record.summary)
     report.timings_ms["passes"] = sum(r.ms for r in records)
     lower_start = time.perf_counter()
     try:

@@ -7,10 +7,14 @@ from typing import Any
 
 @dataclass
 class PassResult:
-    """What a pass did: whether the graph changed, and counts worth showing (matches, removals...)."""
+    """What a pass did: whether the graph changed, and counts worth showing (matches, removals...).
+
+    `summary` holds top-level sections of the graph's summary.json that this pass owns (e.g. `quantized`,
+    `layouts`, `streams`, `superkernels`); they are merged into the report after the pipeline ran."""
 
     changed: bool
     stats: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -49,6 +49,7 @@ class PassRecord:
     skipped: str | None
     nodes: int
     stats: dict[str, Any]
+    summary: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "uuid": self.uuid, "ms": round(self.ms, 3), "changed": self.changed,
@@ -111,7 +112,7 @@ def run_pipeline(gm: torch.fx.GraphModule, ctx: PassContext) -> list[PassRecord]
             result = _run_one(p, gm, ctx)
         ms = (time.perf_counter() - start) * 1e3
         record = PassRecord(p.NAME, pass_uuid(p), ms, result.changed, reason, len(gm.graph.nodes),
-                            result.stats)
+                            result.stats, result.summary)
         records.append(record)
         if ctx.dump is not None and reason is None:
             ctx.dump.write_stage(len(records), p.NAME, gm, record.to_json())

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 FUSED_NAMESPACE = "ascend_dsa"
+PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program")
 
 
 def fused_op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
@@ -42,7 +43,7 @@ class GraphReport:
     timings_ms: dict[str, float] = field(default_factory=dict)
     dump_folder: str | None = None
     fallback: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # sections passes own (PASS_SECTIONS)
 
     @classmethod
     def from_summary(cls, name: str, summary: dict[str, Any], cache: str) -> GraphReport:
@@ -50,7 +51,8 @@ class GraphReport:
         return cls(name=name, inference=summary.get("inference", True), target=summary.get("target", "cpu"),
                    nodes_before=summary.get("nodes_before", 0), nodes_after=summary.get("nodes_after", 0),
                    ops=summary.get("ops", 0),
-                   fused_ops=summary.get("fused_ops", {}), passes=summary.get("passes", []), cache=cache)
+                   fused_ops=summary.get("fused_ops", {}), passes=summary.get("passes", []), cache=cache,
+                   extra={k: summary[k] for k in PASS_SECTIONS if k in summary})
 
     def near_misses(self) -> list[dict[str, Any]]:
         """Every pass's near misses (a candidate that almost matched, with the reason), tagged with the pass."""
