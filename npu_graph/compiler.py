@@ -14,7 +14,7 @@ from npu_graph.pass_api import PassContext
 from npu_graph.pipeline import run_pipeline
 from npu_graph.report import GraphReport, fused_op_counts, op_count
 from npu_graph.runtime import CompiledGraph
-from npu_graph.targets import cpu
+from npu_graph.targets import cpu, npu
 from npu_graph.trace import traced_dump
 
 
@@ -59,7 +59,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     try:
         placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         hoist = param_indices if placeholders == len(example_inputs) else ()
-        compiled = cpu.lower(gm, report.name, hoist)
+        npu_compiled = None
+        if config.target == "npu":
+            npu_compiled, report.extra["npu_program"] = npu.lower(gm, report.name, dump)
+        compiled = npu_compiled or cpu.lower(gm, report.name, hoist)
     except Exception as exc:
         raise CompileStepError("lower", exc) from exc
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3

@@ -1,0 +1,165 @@
+"""The lowering of each ascend_dsa op to the pinned torch_npu op it mirrors (see npu_signatures for sources).
+
+A lowering returns the Emission for its node, or a string: the reason this case stays a labelled composite.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from npu_graph.targets.npu_contract import Arg
+from npu_graph.targets.npu_ops import Emission, Lowering, Names, bound_args, composite, half_dtype, used_outputs
+from npu_graph.targets.npu_signatures import NO_COUNTERPART
+
+_INT32 = "the pinned op takes int32 lengths and block tables"
+_HALF = "the pinned op takes float16/bfloat16"
+
+
+def _dequant(lo: Lowering, value: Any, scale: Any, op: str, block: int) -> Arg:
+    """Composite dequantization of an fp8 input to bfloat16 before a pinned op that takes only half inputs."""
+    name = lo.names.fresh(f"{lo.node.name}_dq")
+    lo.line(f"# composite: fp8 input dequantized to bfloat16; {NO_COUNTERPART[op]}")
+    lo.line(f"{name} = torch.ops.ascend_dsa.{op}.default({lo.names.text(value)}, {lo.names.text(scale)}, "
+            f"block_size={block}, dst_type=torch.bfloat16)")
+    return Arg.tensor(name, torch.bfloat16)
+
+
+def _lengths(lo: Lowering, a: dict[str, Any], *names: str) -> dict[str, Arg]:
+    return {n: lo.tensor(a[n], torch.int32, _INT32) for n in names}
+
+
+def _lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission:
+    query, key, dtype = a["query"], a["key"], half_dtype(a["query"])
+    if a["query_scale"] is not None:
+        query, key, dtype = (_dequant(lo, query, a["query_scale"], "dequant_mx", 32),
+                             _dequant(lo, key, a["key_scale"], "dequant_mx", 32), torch.bfloat16)
+    args = [lo.tensor(query, dtype, _HALF), lo.tensor(key, dtype, _HALF), lo.tensor(a["weights"], dtype, _HALF)]
+    kwargs = {**_lengths(lo, a, "actual_seq_lengths_query", "actual_seq_lengths_key", "block_table"),
+              "layout_query": a["layout_query"], "layout_key": a["layout_key"], "sparse_count": a["sparse_count"],
+              "sparse_mode": a["sparse_mode"], "return_value": bool(a["return_value"] or 1 in used_outputs(lo.node))}
+    return lo.assign(lo.call("torch_npu.npu_lightning_indexer", args, kwargs))
+
+
+def _sparse_flash_attention(lo: Lowering, a: dict[str, Any]) -> Emission:
+    out_dtype, dtype = lo.node.meta["val"][0].dtype, half_dtype(a["query"])
+    key, value = a["key"], a["value"]
+    if a["key_scale"] is not None:
+        key = _dequant(lo, key, a["key_scale"], "dequant_block", 128)
+        value = key if a["value"] is a["key"] else _dequant(lo, value, a["value_scale"], "dequant_block", 128)
+    args = [lo.tensor(x, dtype, _HALF) for x in (a["query"], key, value)]
+    args += [lo.tensor(a["sparse_indices"], torch.int32, _INT32), lo.value(a["scale_value"])]
+    lse = bool(a["return_softmax_lse"]) or bool(used_outputs(lo.node) & {1, 2})
+    kwargs = {"block_table": lo.tensor(a["block_table"], torch.int32, _INT32),
+              **_lengths(lo, a, "actual_seq_lengths_query", "actual_seq_lengths_kv"),
+              "query_rope": lo.tensor(a["query_rope"], dtype, _HALF),
+              "key_rope": lo.tensor(a["key_rope"], dtype, _HALF),
+              "sparse_block_size": a["sparse_block_size"], "layout_query": a["layout_query"],
+              "layout_kv": a["layout_kv"], "sparse_mode": a["sparse_mode"], "attention_mode": 2,
+              "return_softmax_lse": lse}
+    raw = lo.call("torch_npu.npu_sparse_flash_attention", args, kwargs)
+    out = f"{raw}[0]" if out_dtype == dtype else f"{raw}[0].to({out_dtype})"
+    stats = f"{raw}[1].squeeze(1), {raw}[2].squeeze(1)" if lse else "None, None"
+    if lse:
+        lo.line("# adapt: softmax_max/sum [B,N2=1,S1,N1] -> [B,S1,N1]")
+    return lo.assign(f"({out}, {stats})")
+
+
+def _dynamic_mx_quant(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    x = a["x"]
+    if a["axis"] not in (-1, x.meta["val"].dim() - 1):
+        return "npu_dynamic_mx_quant is lowered here only along the last axis"
+    dst = a["dst_type"] if isinstance(a["dst_type"], torch.dtype) else lo.node.meta["val"][0].dtype
+    block = a["block_size"]
+    raw = lo.call("torch_npu.npu_dynamic_mx_quant", [lo.tensor(x, half_dtype(x), _HALF)],
+                  {"axis": -1, "round_mode": "rint", "dst_type": dst, "block_size": block, "scale_alg": 0})
+    lo.line("# adapt: mxscale [..., ceil(n/64), 2] -> [..., ceil(n/32)]")
+    groups = f"({lo.names.text(x)}.shape[-1] + {block - 1}) // {block}"
+    return lo.assign(f"({raw}[0], {raw}[1].flatten(-2)[..., :{groups}])")
+
+
+def _dynamic_block_quant(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    if a["scale_fmt"] != "fp32":
+        return "ue8m0 (power-of-two) block scales have no npu_dynamic_block_quant option in torch_npu 7.3.0"
+    x = lo.names.text(a["x"])
+    flat = lo.names.fresh(f"{lo.node.name}_2d")
+    lo.line(f"{flat} = {x}.reshape(-1, {x}.shape[-1])  # adapt: npu_dynamic_block_quant takes 2-D x")
+    lo.line("# note: blocks with amax < 1e-4 get scale amax/448 here, max(amax, 1e-4)/448 on the CPU target")
+    source = Arg.tensor(flat, a["x"].meta["val"].dtype)
+    raw = lo.call("torch_npu.npu_dynamic_block_quant", [lo.tensor(source, half_dtype(a["x"]), _HALF)],
+                  {"min_scale": 0.0, "round_mode": "rint", "dst_type": torch.float8_e4m3fn, "row_block_size": 1,
+                   "col_block_size": a["block_size"]})
+    return lo.assign(f"({raw}[0].view({x}.shape), {raw}[1].view({x}.shape[:-1] + (-1,)))")
+
+
+def _moe_gating_top_k(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    if a["norm_type"] == 0 and a["renorm"] == 1:
+        return "softmax routing renormalized after top-k (renorm=1): torch_npu 7.3.0 takes only renorm=0"
+    x = lo.tensor(a["x"])
+    kwargs = {"bias": lo.tensor(a["bias"], x.dtype, "bias shares x's dtype"), "k_group": a["k_group"],
+              "group_count": a["group_count"], "group_select_mode": a["group_select_mode"], "renorm": 0,
+              "norm_type": a["norm_type"], "out_flag": a["out_flag"],
+              "routed_scaling_factor": a["routed_scaling_factor"], "eps": a["eps"]}
+    return lo.assign(lo.call("torch_npu.npu_moe_gating_top_k", [x, a["k"]], kwargs))
+
+
+def _grouped(lo: Lowering, rows: str, weight: Any, dtype: torch.dtype, counts: str) -> str:
+    w = lo.names.text(weight)
+    args = [Arg(f"[{rows}]", "tensors", dtypes=(dtype,)), Arg(f"[{w}.transpose(1, 2)]", "tensors", dtypes=(dtype,))]
+    kwargs = {"group_list": Arg.tensor(counts, torch.int64), "group_list_type": 1, "group_type": 0, "split_item": 2}
+    return f"{lo.call('torch_npu.npu_grouped_matmul', args, kwargs)}[0]"
+
+
+def _fused_moe(lo: Lowering, a: dict[str, Any]) -> Emission:
+    x, ids = lo.tensor(a["x"]), lo.tensor(a["topk_ids"], torch.int32, "expert ids are int32")
+    experts = a["w13"].meta["val"].shape[0]
+    lo.line("# dispatch -> grouped GEMMs -> SwiGLU -> combine (vllm-ascend's dropless path; pairing unverified)")
+    routed = lo.call("torch_npu.npu_moe_init_routing_v2", [x, ids], {
+        "active_num": Arg(f"{x.text}.shape[0] * {ids.text}.shape[1]", "expr"), "expert_num": lo.value(experts),
+        "expert_tokens_num_type": 1, "expert_tokens_num_flag": True, "quant_mode": -1,
+        "active_expert_range": Arg(f"[0, {lo.names.text(experts)}]", "expr"), "row_idx_type": 0})
+    hidden = _grouped(lo, f"{routed}[0]", a["w13"], x.dtype, f"{routed}[2]")
+    act = lo.call("torch_npu.npu_swiglu", [Arg.tensor(hidden, x.dtype), -1], {})
+    down = _grouped(lo, act, a["w2"], x.dtype, f"{routed}[2]")
+    weights = lo.tensor(a["topk_weights"], x.dtype, "routing weights share the rows' dtype")
+    out = lo.call("torch_npu.npu_moe_finalize_routing", [
+        Arg.tensor(down, x.dtype), Arg.literal(None), Arg.literal(None), Arg.literal(None), weights,
+        Arg.tensor(f"{routed}[1]", torch.int32), ids, lo.value(0)], {})
+    return lo.assign(out)
+
+
+def _rms_norm(lo: Lowering, a: dict[str, Any]) -> Emission:
+    x = lo.tensor(a["x"])
+    gamma = lo.tensor(a["gamma"], x.dtype, "npu_rms_norm takes gamma in x's dtype")
+    return lo.assign(lo.call("torch_npu.npu_rms_norm", [x, gamma, a["epsilon"]], {}))
+
+
+def _add_rms_norm(lo: Lowering, a: dict[str, Any]) -> Emission:
+    x1 = lo.tensor(a["x1"])
+    args = [x1, lo.tensor(a["x2"], x1.dtype), lo.tensor(a["gamma"], x1.dtype, "npu_add_rms_norm takes gamma in "
+                                                                                "x's dtype"), lo.value(a["epsilon"])]
+    return lo.assign(lo.call("torch_npu.npu_add_rms_norm", args, {}))
+
+
+LOWERINGS: dict[str, Callable[[Lowering, dict[str, Any]], Emission | str]] = {
+    "lightning_indexer": _lightning_indexer,
+    "sparse_flash_attention": _sparse_flash_attention,
+    "dynamic_mx_quant": _dynamic_mx_quant,
+    "dynamic_block_quant": _dynamic_block_quant,
+    "moe_gating_top_k": _moe_gating_top_k,
+    "fused_moe": _fused_moe,
+    "rms_norm": _rms_norm,
+    "add_rms_norm": _add_rms_norm,
+}
+
+
+def lower_node(node: torch.fx.Node, names: Names) -> Emission:
+    """Program lines for one ascend_dsa node: mapped to torch_npu, or composite with its reason."""
+    name = node.target._opname
+    lowering = LOWERINGS.get(name)
+    if lowering is None:
+        return composite(node, names, NO_COUNTERPART.get(name, f"no torch_npu counterpart for {name}"))
+    result = lowering(Lowering(node, names), bound_args(node))
+    return composite(node, names, result) if isinstance(result, str) else result
