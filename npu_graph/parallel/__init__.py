@@ -1,7 +1,36 @@
 """Context parallelism beyond one card (CP×TP on torch.distributed: gloo on CPU, HCCL on Ascend).
 
-This slice provides the zigzag sequence layout that balances causal attention work across CP ranks.
+- zigzag.py: the balanced causal layout (rank r holds chunks r and 2·cp − 1 − r of 2·cp).
+- groups.py: CP×TP process groups (TP inner, splits heads; CP splits the sequence).
+- cp_gather.py: all-gathers over a CP group and a rank's zigzag chunk bookkeeping.
+- cp_indexer.py, cp_attention.py: the DSA lightning indexer and sparse attention on zigzag slices.
+- cp_dsa.py: prefill of the reference model's DSA layer under CP×TP.
+- kda_split.py: KDA over contiguous slices, exact output correction from one all-gather of transitions.
+- launch.py: spawn a run of ranks with a timeout; a failing or dying rank fails it with a clear error.
 """
+from npu_graph.parallel.cp_attention import cp_sparse_attention
+from npu_graph.parallel.cp_dsa import cp_dsa_prefill
+from npu_graph.parallel.cp_gather import gather_parts, gather_zigzag, zigzag_chunks
+from npu_graph.parallel.cp_indexer import cp_lightning_indexer
+from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp
+from npu_graph.parallel.kda_split import kda_split
+from npu_graph.parallel.launch import DistributedLaunchError, default_backend, launch
 from npu_graph.parallel.zigzag import zigzag_restore, zigzag_split
 
-__all__ = ["zigzag_restore", "zigzag_split"]
+__all__ = [
+    "DistributedLaunchError",
+    "ParallelGroups",
+    "cp_dsa_prefill",
+    "cp_lightning_indexer",
+    "cp_sparse_attention",
+    "default_backend",
+    "gather_parts",
+    "gather_zigzag",
+    "group_size_rank",
+    "init_cp_tp",
+    "kda_split",
+    "launch",
+    "zigzag_chunks",
+    "zigzag_restore",
+    "zigzag_split",
+]

@@ -1,0 +1,123 @@
+"""CP×TP on real processes (gloo on CPU) against one process: the CP lightning indexer, CP sparse attention,
+the reference model's DSA layers under CP×TP, KDA sequence splitting; and launches that fail fast.
+
+One spawn of 4 ranks serves every check of cp=4 (tp=1) and cp=2 × tp=2; the cp=2, tp=1 world is slow-marked.
+"""
+import time
+
+import cp_workers
+import pytest
+import torch
+
+from npu_graph.models.kda import kda_core
+from npu_graph.parallel import DistributedLaunchError, kda_split, launch
+
+LAYOUTS_4 = [(4, 1), (2, 2)]
+TIMEOUT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def world4() -> list[dict]:
+    return launch(cp_workers.run_checks, 4, args=(LAYOUTS_4,), timeout_s=TIMEOUT_S)
+
+
+def _ranks(results: list[dict], layout: tuple[int, int]) -> list[dict]:
+    return [r[layout] for r in results]
+
+
+def check_indexer(results: list[dict], layout: tuple[int, int]) -> None:
+    query, key, weights = cp_workers.indexer_inputs()
+    indices, values = torch.ops.ascend_dsa.lightning_indexer(query, key, weights,
+                                                             sparse_count=cp_workers.SPARSE_COUNT)
+    assert (indices == -1).any() and (indices >= 0).any()
+    for rank in _ranks(results, layout):
+        got_indices, got_values = rank["indexer"]
+        assert torch.equal(got_indices, indices)
+        torch.testing.assert_close(got_values, values, rtol=1e-6, atol=1e-6)
+
+
+def check_attention(results: list[dict], layout: tuple[int, int]) -> None:
+    inputs = cp_workers.attention_inputs()
+    expected = torch.ops.ascend_dsa.sparse_flash_attention(
+        inputs["query"], inputs["key"], inputs["key"], inputs["sparse_indices"], 0.125,
+        query_rope=inputs["query_rope"], key_rope=inputs["key_rope"])
+    for rank in _ranks(results, layout):
+        for got, want in zip(rank["attention"], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def check_dsa(results: list[dict], layout: tuple[int, int]) -> None:
+    model, x = cp_workers.reference_model()
+    with torch.no_grad():
+        for n, i in enumerate(cp_workers.DSA_LAYERS):
+            cache = model.new_cache(x.shape[0])
+            expected = model.layers[i].mixer(x, cache.positions(x.shape[1]), cache)
+            for rank in _ranks(results, layout):
+                torch.testing.assert_close(rank["dsa"][n], expected, rtol=1e-4, atol=1e-5)
+
+
+def check_kda(results: list[dict], layout: tuple[int, int]) -> None:
+    inputs = cp_workers.kda_inputs()
+    state = inputs.pop("initial_state")
+    expected, final = torch.ops.ascend_dsa.chunk_kda(*inputs.values(), None, state, output_final_state=True)
+    ranks = sorted((r for r in _ranks(results, layout) if r["tp_rank"] == 0), key=lambda r: r["cp_rank"])
+    assert len(ranks) == layout[0]
+    torch.testing.assert_close(torch.cat([r["kda"][0] for r in ranks], dim=1), expected, rtol=1e-4, atol=1e-5)
+    for rank in _ranks(results, layout):
+        torch.testing.assert_close(rank["kda"][1], final, rtol=1e-4, atol=1e-5)
+
+
+CHECKS = [check_indexer, check_attention, check_dsa, check_kda]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS_4, ids=lambda layout: f"cp{layout[0]}_tp{layout[1]}")
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+def test_cp_matches_one_process(world4, check, layout):
+    check(world4, layout)
+
+
+def test_groups_layout_follows_rank_order(world4):
+    assert [r["rank"] for r in world4] == [0, 1, 2, 3]
+    assert [(r[(2, 2)]["cp_rank"], r[(2, 2)]["tp_rank"]) for r in world4] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert "the world has 4 ranks but cp·tp = 3·1 = 3" in world4[0]["layout_error"]
+
+
+def test_kda_split_single_process_is_chunk_kda():
+    inputs = cp_workers.kda_inputs()
+    state = inputs.pop("initial_state")
+    o, final = kda_core(*inputs.values(), scale=16 ** -0.5, initial_state=state, output_final_state=True)
+    got, got_final = kda_split(*inputs.values(), None, initial_state=state, chunk_size=16)
+    torch.testing.assert_close(got, o, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_final, final, rtol=1e-5, atol=1e-6)
+
+
+def test_dying_rank_fails_the_launch_quickly():
+    start = time.monotonic()
+    with pytest.raises(DistributedLaunchError, match=r"rank 1 died \(exit code 3\)"):
+        launch(cp_workers.fail_on_rank, 2, args=(1, "exit"), timeout_s=60.0)
+    assert time.monotonic() - start < 60.0
+
+
+@pytest.mark.slow
+def test_raising_rank_reports_its_traceback():
+    with pytest.raises(DistributedLaunchError, match=r"(?s)rank 1 raised.*rank failure injected"):
+        launch(cp_workers.fail_on_rank, 2, args=(1, "raise"), timeout_s=60.0)
+
+
+@pytest.mark.slow
+def test_hanging_rank_times_out():
+    start = time.monotonic()
+    with pytest.raises(DistributedLaunchError, match=r"timed out after 20 s: ranks \[0, 1\] did not finish"):
+        launch(cp_workers.fail_on_rank, 2, args=(1, "hang"), timeout_s=20.0)
+    assert time.monotonic() - start < 20.0 + 10.0
+
+
+@pytest.fixture(scope="module")
+def world2() -> list[dict]:
+    return launch(cp_workers.run_checks, 2, args=([(2, 1)],), timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+def test_cp2_matches_one_process(world2, check):
+    check(world2, (2, 1))
