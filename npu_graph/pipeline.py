@@ -16,6 +16,7 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes import (
+    absorb_mla,
     canonicalize,
     fuse_add_rms_norm,
     fuse_attention,
@@ -30,6 +31,7 @@ from npu_graph.passes import (
 PASSES: list[ModuleType] = [
     canonicalize,
     fuse_lightning_indexer,
+    absorb_mla,
     fuse_sparse_attention,
     fuse_rms_norm,
     fuse_add_rms_norm,

@@ -292,7 +292,7 @@ def _mul(t: Tracer, node: torch.fx.Node) -> Value:
     if not isinstance(y, torch.fx.Node) or not isinstance(x, torch.fx.Node):
         src = t.trace(x if isinstance(x, torch.fx.Node) else y)
         factor = y if isinstance(x, torch.fx.Node) else x
-        if node.target == aten.div.Tensor:
+        if node.target in (aten.div.Tensor, aten.div.Scalar):
             factor = 1.0 / factor
         expr = Expr(src.expr.kind, node, src.expr.factors, src.expr.reduced, src.expr.scale * float(factor),
                     src.expr.axes)
@@ -359,6 +359,8 @@ _HANDLERS = {
     aten.mm.default: _bmm,
     aten.mul.Tensor: _mul,
     aten.div.Tensor: _mul,
+    aten.mul.Scalar: _mul,
+    aten.div.Scalar: _mul,
     aten.add.Tensor: _add,
     aten.sum.dim_IntList: _sum,
     aten.relu.default: _relu,
@@ -383,6 +385,24 @@ def flatten(expr: Expr) -> Expr:
         else:
             factors.append(factor)
     return Expr("mul", node=expr.node, factors=tuple(factors), reduced=frozenset(reduced), scale=scale)
+
+
+def softmax_of(tracer: Tracer, expr: Expr) -> tuple[Expr, list[Axis], torch.fx.Node] | None:
+    """(softmax input, softmax axes, softmax node) when `expr` is a softmax or `_safe_softmax` over one dim."""
+    if expr.kind == "softmax":
+        exact = expr.scale == 1.0 and expr.node.target == aten._softmax.default
+        return (expr.factors[0], list(flat(expr.axes)), expr.node) if exact else None
+    node = expr.node if expr.kind == "leaf" else None
+    if node is None or node.target != aten._safe_softmax.default or expr.scale != 1.0:
+        return None
+    src = tracer.trace(node.args[0])
+    dims = tracer.leaf_dims[node]
+    if len(dims) != len(src.dims):
+        return None
+    for mine, theirs in zip(dims, src.dims):
+        unify_dim(mine, theirs)
+    axes = src.dims[node.args[1] % len(src.dims)]
+    return (src.expr, list(flat(axes)), node) if axes else None
 
 
 def as_leaf(tracer: Tracer, expr: Expr) -> Expr:

@@ -36,6 +36,7 @@ from npu_graph.passes.axis_trace import (
     flatten,
     materialize,
     same_size,
+    softmax_of,
     unify_dim,
 )
 from npu_graph.passes.fusion_graph import fuse_each
@@ -84,24 +85,6 @@ def _ids(axes: object) -> set[int]:
 
 def _leaf_axes(tracer: Tracer, node: Node) -> list[Axis]:
     return [a for d in tracer.leaf_dims[node] for a in flat(d)]
-
-
-def _softmax_of(tracer: Tracer, expr: Expr) -> tuple[Expr, list[Axis], Node] | None:
-    """(softmax input, softmax axes, softmax node) when `expr` is a softmax or `_safe_softmax` over one dim."""
-    if expr.kind == "softmax":
-        exact = expr.scale == 1.0 and expr.node.target == aten._softmax.default
-        return (expr.factors[0], list(flat(expr.axes)), expr.node) if exact else None
-    node = expr.node if expr.kind == "leaf" else None
-    if node is None or node.target != aten._safe_softmax.default or expr.scale != 1.0:
-        return None
-    src = tracer.trace(node.args[0])
-    dims = tracer.leaf_dims[node]
-    if len(dims) != len(src.dims):
-        return None
-    for mine, theirs in zip(dims, src.dims):
-        unify_dim(mine, theirs)
-    axes = src.dims[node.args[1] % len(src.dims)]
-    return (src.expr, list(flat(axes)), node) if axes else None
 
 
 def _contracts(expr: Expr) -> bool:
@@ -236,7 +219,7 @@ def match(anchor: Node) -> AttnMatch:
     expr = tracer.trace(anchor).expr
     if expr.kind != "matmul" or len(expr.factors) != 2:
         raise NoMatch("not a matmul", near=False)
-    found = [(s, f) for f in expr.factors for s in [_softmax_of(tracer, f)] if s is not None]
+    found = [(s, f) for f in expr.factors for s in [softmax_of(tracer, f)] if s is not None]
     if len(found) != 1:
         raise NoMatch("not softmax(...) @ v", near=False)
     (inner, keys, softmax), _ = found[0]

@@ -5,8 +5,10 @@ MLA absorbed form (one latent KV head that is both key and value, optional share
 Two ways models restrict it to the indexer's picks, both matched here (anchored on the P·V matmul):
 - gather: K and Kr are rows gathered at the selected positions (paged: cache[table[sel // bs], sel % bs]),
   masked where `sel <= position` fails (decode: one query per sequence);
-- mask: dense attention over the whole cache plus `full(-inf).scatter(-1, idx, 0)` and a causal mask
-  (what transformers' eager path does); the causal part becomes lengths via `ascend_dsa.causal_lengths`.
+- mask: dense attention over the whole cache plus a mask built from the indices (the forms sparse_mask reads:
+  `full(-inf).scatter(-1, idx, 0)`, transformers' boolean and masked_fill forms) and a causal mask; the causal
+  part becomes lengths via `ascend_dsa.causal_lengths`. transformers' non-absorbed MLA reaches this form
+  through absorb_mla.
 Indices produced by fuse_lightning_indexer are passed through raw (int32, -1 padded).
 """
 from __future__ import annotations
@@ -18,24 +20,18 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, is_neg_inf, materialize, size_arg
+from npu_graph.passes.attention_parts import Term, score_terms, softmax_parts, split_score_and_mask
+from npu_graph.passes.axis_trace import Axis, Expr, Tracer, flat, materialize, size_arg
 from npu_graph.passes.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
 from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
+from npu_graph.passes.sparse_mask import VIEWS, is_sparse_mask, read_sparse_mask, strip_views
 
 NAME = "fuse_sparse_attention"
 INFERENCE_ONLY = True
 PATTERN_GATHER = "softmax(q·K[sel] + qr·Kr[sel]; sel <= pos) @ K[sel]"
-PATTERN_MASK = "softmax(q·K + qr·Kr + scatter(-inf, idx, 0) + causal) @ K"
+PATTERN_MASK = "softmax(q·K + qr·Kr + mask(top-k idx) + causal) @ K"
 
 aten = torch.ops.aten
-_VIEWS = {aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten.squeeze.dim, aten.expand.default}
-
-
-@dataclass
-class Term:
-    q: torch.fx.Node
-    k: torch.fx.Node
-    reduced: list[Axis]
 
 
 @dataclass
@@ -53,120 +49,37 @@ class SparseMatch:
     indices: torch.fx.Node | None = None
     mask: torch.fx.Node | None = None
     position: torch.fx.Node | None = None
-
-
-def _strip_views(node: object) -> object:
-    while isinstance(node, torch.fx.Node) and (node.target in _VIEWS or node.target in
-                                               (aten._to_copy.default, aten.clone.default)):
-        node = node.args[0]
-    return node
-
-
-def _terms(tracer: Tracer, score: Expr, keys: list[Axis]) -> tuple[list[Term], float]:
-    """The q·k contractions summed in the score, and the score's overall scale."""
-    scale = 1.0
-    while score.kind == "masked":
-        scale *= score.scale
-        score = score.factors[0]
-    scale *= score.scale
-    parts = list(score.factors) if score.kind == "add" else [score]
-    terms, term_scales = [], set()
-    for part in parts:
-        if part.kind != "matmul" or len(part.factors) != 2:
-            raise NoMatch("a score term is not one q·k product")
-        a, b = (as_leaf(tracer, f) for f in part.factors)
-        key_ids = {id(x) for x in flat(keys)}
-        q, k = (b, a) if key_ids <= leaf_root_ids(tracer, a.node) else (a, b)
-        if not key_ids <= leaf_root_ids(tracer, k.node):
-            raise NoMatch("a score term does not run over the softmax axis")
-        reduced = {id(a) for a in flat(list(part.reduced))}
-        ordered = [a for d in tracer.leaf_dims[k.node] for a in flat(d) if id(a) in reduced]
-        terms.append(Term(q.node, k.node, ordered))
-        term_scales.add(part.scale)
-    if len(term_scales) != 1:
-        raise NoMatch("score terms carry different scales")
-    return terms, scale * term_scales.pop()
-
-
-def _softmax_parts(tracer: Tracer, anchor: torch.fx.Node) -> tuple[Expr, Expr, torch.fx.Node]:
-    """(softmax expr, value leaf, the softmax node) of a P·V matmul."""
-    expr = tracer.trace(anchor).expr
-    if expr.kind != "matmul" or len(expr.factors) != 2:
-        raise NoMatch("not a matmul", near=False)
-    softmaxes = [f for f in expr.factors if f.kind == "softmax"]
-    others = [f for f in expr.factors if f.kind != "softmax"]
-    reduced = {id(a) for a in flat(list(expr.reduced))}
-    if len(softmaxes) != 1 or not others or not {id(a) for a in flat(softmaxes[0].axes)} <= reduced:
-        raise NoMatch("not softmax(...) @ V over the softmax axis", near=False)
-    return softmaxes[0], as_leaf(tracer, others[0]), softmaxes[0].node
-
-
-def _split_score_and_mask(tracer: Tracer, softmax: Expr) -> tuple[Expr, torch.fx.Node | None]:
-    """The score expression and, for `score + mask`, the additive mask node."""
-    inner = softmax.factors[0]
-    if inner.kind == "add" and len(inner.factors) == 2:
-        kinds = [_has_matmul(f) for f in inner.factors]
-        if kinds.count(True) == 1:
-            score = inner.factors[kinds.index(True)]
-            other = inner.node.args[1 - kinds.index(True)]
-            return score, other
-    return inner, None
-
-
-def _has_matmul(expr: Expr) -> bool:
-    return expr.kind == "matmul" or any(_has_matmul(f) for f in expr.factors)
+    mask_kind: str = "additive"
 
 
 def _sparse_evidence(value: Expr, additive: torch.fx.Node | None) -> bool:
-    """Does this attention select keys by index (gathered rows, or a scatter-built mask)?"""
-    if _paged_gather(value.node) is not None:
-        return True
-    mask = _strip_views(additive) if additive is not None else None
-    parts = [] if mask is None else [mask] if mask.target != aten.add.Tensor else list(mask.args[:2])
-    return any(_strip_views(p).target == aten.scatter.value for p in parts if isinstance(p, torch.fx.Node))
+    """Does this attention select keys by index (gathered rows, or an index-built mask)?"""
+    return _paged_gather(value.node) is not None or is_sparse_mask(additive)
 
 
 def match(anchor: torch.fx.Node) -> SparseMatch:
     tracer = Tracer()
-    softmax, value, softmax_node = _softmax_parts(tracer, anchor)
-    keys = list(flat(softmax.axes))
-    score, additive = _split_score_and_mask(tracer, softmax)
+    parts = softmax_parts(tracer, anchor)
+    score, additive = split_score_and_mask(parts.score)
     try:
-        terms, scale = _terms(tracer, score, keys)
-        main = [t for t in terms if t.k is value.node]
+        terms, scale = score_terms(tracer, score, parts.keys)
+        main = [t for t in terms if t.k is parts.value.node]
         if len(main) != 1 or len(terms) > 2:
             raise NoMatch("the value is not the key of one score term (MLA absorbed form)")
         rope = next((t for t in terms if t is not main[0]), None)
         m = SparseMatch(PATTERN_MASK if additive is not None else PATTERN_GATHER, anchor, tracer, main[0], rope,
-                        scale, keys)
+                        scale, parts.keys)
         if additive is not None:
-            _read_mask_form(m, additive)
-            _assign_query_axes(m, softmax_node, list(val(additive).shape))
+            sparse = read_sparse_mask(additive)
+            m.indices, m.mask, m.mask_kind = sparse.indices, sparse.causal, sparse.causal_kind
+            _assign_query_axes(m, parts.softmax, list(val(additive).shape))
         else:
             _read_gather_form(m, score)
-            _assign_query_axes(m, softmax_node, None)
+            _assign_query_axes(m, parts.softmax, None)
     except NoMatch as exc:
-        exc.near = exc.near and _sparse_evidence(value, additive)
+        exc.near = exc.near and _sparse_evidence(parts.value, additive)
         raise
     return m
-
-
-def _read_mask_form(m: SparseMatch, additive: torch.fx.Node) -> None:
-    mask = _strip_views(additive)
-    parts = [mask] if mask.target != aten.add.Tensor else [_strip_views(a) for a in mask.args[:2]]
-    scatters = [p for p in parts if p.target == aten.scatter.value and p.args[1] in (-1, val(p).dim() - 1)
-                and _is_zero(p.args[3]) and is_neg_inf(p.args[0])]
-    if len(scatters) != 1:
-        raise NoMatch("the mask is not built from top-k indices (scatter of 0 into -inf)", near=False)
-    m.indices = scatters[0].args[2]
-    causal = [p for p in parts if p is not scatters[0]]
-    m.mask = causal[0] if causal else None
-    if len(causal) > 1:
-        raise NoMatch("more than one extra mask")
-
-
-def _is_zero(value: object) -> bool:
-    return isinstance(value, (int, float)) and value == 0
 
 
 def _read_gather_form(m: SparseMatch, score: Expr) -> None:
@@ -175,8 +88,8 @@ def _read_gather_form(m: SparseMatch, score: Expr) -> None:
     gathered = _paged_gather(m.main.k)
     if gathered is None:
         raise NoMatch("keys are not rows gathered from a paged cache")
-    invisible = _strip_views(score.node.args[1])
-    visible = _strip_views(invisible.args[0]) if invisible.target in (aten.bitwise_not.default,
+    invisible = strip_views(score.node.args[1])
+    visible = strip_views(invisible.args[0]) if invisible.target in (aten.bitwise_not.default,
                                                                      aten.logical_not.default) else None
     if visible is None or visible.target != aten.le.Tensor or strip_casts(visible.args[0]) is not gathered[2]:
         raise NoMatch("the mask is not `selected <= position`")
@@ -232,12 +145,22 @@ def _kv_input(graph: torch.fx.Graph, m: SparseMatch, term: Term) -> tuple[torch.
     return key, None, "BSND"
 
 
+def _indexer_output(indices: torch.fx.Node) -> torch.fx.Node | None:
+    """The lightning_indexer node whose (-1 replaced) indices reach `indices` through views, casts and
+    selects; the replaced indices may repeat a key, so the fused op must take the raw ones."""
+    node = indices
+    while isinstance(node, torch.fx.Node):
+        if "ascend_dsa_indexer" in node.meta:
+            return node.meta["ascend_dsa_indexer"]
+        if node.target not in VIEWS and node.target != aten.select.int:
+            return None
+        node = node.args[0]
+    return None
+
+
 def _sparse_indices(graph: torch.fx.Graph, m: SparseMatch) -> torch.fx.Node:
     """[B, S1, 1, K] int32 indices; the raw (-1 padded) indexer output when the indices came from it."""
-    source = _strip_views(m.indices)
-    while isinstance(source, torch.fx.Node) and source.target == aten.select.int:
-        source = _strip_views(source.args[0])
-    raw = source.meta.get("ascend_dsa_indexer") if isinstance(source, torch.fx.Node) else None
+    raw = _indexer_output(m.indices)
     if raw is not None:
         return graph.call_function(operator.getitem, (raw, 0))
     count = val(m.indices).shape[-1]
@@ -256,7 +179,7 @@ def _lengths(graph: torch.fx.Graph, m: SparseMatch) -> tuple[object, object]:
     if m.mask is None:
         return None, None
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
-    return causal_lengths_from_mask(graph, m.mask, shape, shape, "additive")
+    return causal_lengths_from_mask(graph, m.mask, shape, shape, m.mask_kind)
 
 
 def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:

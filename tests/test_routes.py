@@ -19,10 +19,8 @@ def compile_and_report(fn, *args):
     return ref, out, backend.reports
 
 
-def test_transformers_kimi_kda_is_routed():
-    from test_hf_models import build_tiny
-
-    model = build_tiny("kimi_linear")
+def test_transformers_kimi_kda_is_routed(tiny_transformers):
+    model = tiny_transformers("kimi_linear")
     ids = torch.randint(3, 256, (1, 80), generator=torch.Generator().manual_seed(1))
     ref, out, reports = compile_and_report(lambda x: model(x).logits, ids)
     assert sum(r.fused_ops.get("chunk_kda", 0) for r in reports) == 1
