@@ -17,6 +17,7 @@ import sympy
 import torch
 import torch.fx
 
+from npu_graph import streams
 from npu_graph.cache_key import Uncacheable
 from npu_graph.runtime import CompiledGraph
 
@@ -24,6 +25,7 @@ SAFE_GLOBALS: dict[str, Any] = {
     "torch": torch, "inf": math.inf, "nan": math.nan, "math": math, "operator": operator,
     "_operator": operator, "builtins": builtins, "device": torch.device, "NoneType": type(None),
     "fx_pytree": torch.fx._pytree, "pytree": torch.utils._pytree,
+    **{f"npu_graph_streams_{fn.__name__}": fn for fn in streams.EVENT_OPS},
 }
 _SAFE_OUTPUT_TYPES = {"non_alias", "alias_of_input", "is_input"}
 

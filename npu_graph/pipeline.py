@@ -17,6 +17,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes import (
     absorb_mla,
+    assign_streams,
     canonicalize,
     fuse_add_rms_norm,
     fuse_attention,
@@ -25,6 +26,7 @@ from npu_graph.passes import (
     fuse_moe,
     fuse_rms_norm,
     fuse_sparse_attention,
+    partition_superkernels,
     reinplace_input_writes,
 )
 
@@ -39,6 +41,8 @@ PASSES: list[ModuleType] = [
     fuse_attention,
     fuse_moe,
     reinplace_input_writes,
+    assign_streams,
+    partition_superkernels,
 ]
 
 

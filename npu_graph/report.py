@@ -12,10 +12,15 @@ FUSED_NAMESPACE = "ascend_dsa"
 PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program")
 
 
+def graph_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The graph's nodes and those of its submodules' graphs (SuperKernel regions)."""
+    return [n for module in gm.modules() if isinstance(module, torch.fx.GraphModule) for n in module.graph.nodes]
+
+
 def fused_op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     """{op name: count} of the `torch.ops.ascend_dsa.*` calls in a graph."""
     counts: Counter[str] = Counter()
-    for node in gm.graph.nodes:
+    for node in graph_nodes(gm):
         target = node.target
         if isinstance(target, torch._ops.OpOverload) and target.namespace == FUSED_NAMESPACE:
             counts[target._opname] += 1
@@ -24,7 +29,7 @@ def fused_op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 def op_count(gm: torch.fx.GraphModule) -> int:
     """Operators the graph dispatches per call (ATen and fused ops; size queries and tuple access excluded)."""
-    return sum(1 for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
+    return sum(1 for n in graph_nodes(gm) if isinstance(n.target, torch._ops.OpOverload)
                and n.target.namespace in ("aten", FUSED_NAMESPACE) and not n.target._opname.startswith("sym_"))
 
 

@@ -1,14 +1,17 @@
 """CompiledGraph: what the backend hands back to AOT autograd for one graph.
 
 It is generated Python source (a `forward(self, *inputs)` function, and optionally a `prologue` over the
-parameters whose outputs forward takes as extra inputs), the constants and submodules that source reads as
-`self.<name>`, and the boxed calling convention (the input list is cleared so inputs can be freed as soon
-as the graph no longer needs them).
+parameters whose outputs forward takes as extra inputs, and one `superkernel_N` function per SuperKernel
+region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
+and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
+longer needs them).
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+
+from npu_graph.superkernel import bind_regions
 
 
 def _nested_namespace(attributes: dict[str, Any]) -> SimpleNamespace:
@@ -42,6 +45,7 @@ class CompiledGraph:
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)
+        bind_regions(self._self, namespace)
         self._hoisted: tuple[Any, ...] = ()
         self._hoisted_for: list[tuple[int, int]] | None = None
 

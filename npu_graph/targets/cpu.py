@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import torch.fx
 
+from npu_graph import superkernel
 from npu_graph.hoist import split_prologue
 from npu_graph.runtime import CompiledGraph
 
 
 def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
-    """Every constant or submodule the graph reads with get_attr / call_module, by its dotted path."""
+    """Every constant or submodule the graph reads with get_attr / call_module, by its dotted path
+    (superkernel regions are functions of the generated source instead)."""
     plan: dict[str, object] = {}
     for node in gm.graph.nodes:
-        if node.op in ("get_attr", "call_module"):
+        if node.op in ("get_attr", "call_module") and not superkernel.is_region(node):
             owner: object = gm
             for part in node.target.split("."):
                 owner = getattr(owner, part)
@@ -24,10 +26,18 @@ def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
 
 def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
-    function that the runtime runs once per parameter version (npu_graph.hoist)."""
-    prologue, used = split_prologue(gm, list(param_indices)) if param_indices else (None, [])
+    function that the runtime runs once per parameter version (npu_graph.hoist). SuperKernel regions are
+    opened for hoisting and closed again, then each becomes a function `superkernel_N` of the source."""
+    prologue, used = None, []
+    if param_indices:
+        superkernel.inline(gm)
+        prologue, used = split_prologue(gm, list(param_indices))
+        superkernel.wrap(gm)
     code = gm.graph.python_code(root_module="self")
-    source, globals_, attributes = code.src, dict(code.globals), attribute_plan(gm)
+    regions, region_globals = superkernel.region_source(gm)
+    if regions:
+        regions += f"SUPERKERNEL_COMPILER = {gm.meta.get('superkernel_compiler', 'python')!r}\n"
+    source, globals_, attributes = regions + code.src, {**region_globals, **code.globals}, attribute_plan(gm)
     if prologue is not None:
         pro = prologue.graph.python_code(root_module="self")
         source = pro.src.replace("def forward(", "def prologue(", 1) + source
