@@ -28,10 +28,12 @@ from npu_graph.passes import (
     fuse_sparse_attention,
     partition_superkernels,
     reinplace_input_writes,
+    short_depthwise_conv,
 )
 
 PASSES: list[ModuleType] = [
     canonicalize,
+    short_depthwise_conv,
     fuse_lightning_indexer,
     absorb_mla,
     fuse_sparse_attention,
