@@ -46,7 +46,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     if dump:
         dump.write_stage(0, "captured", gm, {})
     ctx = PassContext(config=config, target=config.target, inference=report.inference,
-                      fake_mode=_fake_mode(example_inputs), dump=dump, graph_name=report.name)
+                      fake_mode=_fake_mode(example_inputs), dump=dump, graph_name=report.name,
+                      param_indices=tuple(param_indices))
     try:
         records = run_pipeline(gm, ctx)
     except Exception as exc:

@@ -19,7 +19,8 @@ class PassResult:
 
 @dataclass
 class PassContext:
-    """What a pass may read: the config, the target, whether the graph is inference-only, the dump."""
+    """What a pass may read: the config, the target, whether the graph is inference-only, the dump, and which
+    graph inputs are model parameters (`param_indices`, placeholder positions; their work is hoisted)."""
 
     config: Any
     target: str = "cpu"
@@ -27,3 +28,4 @@ class PassContext:
     fake_mode: Any = None
     dump: Any = None
     graph_name: str = "graph"
+    param_indices: tuple[int, ...] = ()

@@ -26,7 +26,9 @@ from npu_graph.passes import (
     fuse_moe,
     fuse_rms_norm,
     fuse_sparse_attention,
+    layout_nz,
     partition_superkernels,
+    quantize,
     reinplace_input_writes,
     short_depthwise_conv,
 )
@@ -42,6 +44,8 @@ PASSES: list[ModuleType] = [
     fuse_attn_res,
     fuse_attention,
     fuse_moe,
+    quantize,
+    layout_nz,
     reinplace_input_writes,
     assign_streams,
     partition_superkernels,

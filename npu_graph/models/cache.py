@@ -10,6 +10,12 @@ int), so one compiled decode graph serves every step.
 All stores go through `write` (in place, `index_put_`) and all loads through `read_all` / `read_rows`, which
 cast between the storage dtype `kv_dtype` and the compute dtype: a quantized cache changes only these three.
 
+`kv_dtype=torch.float8_e4m3fn` stores what DeepSeek-V3.2 stores: the latent as FP8 with one fp32 scale per
+token and 128 values (`ascend_dsa.dynamic_block_quant`, in `latent_scale`), the indexer key as MXFP8 with one
+E8M0 scale per 32 values (`ascend_dsa.dynamic_mx_quant`; the scale bytes are kept as uint8 in
+`index_k_scale`, since index_put_ has no E8M0 kernel), and the RoPE key in bf16. Writes quantize; reads
+dequantize the whole paged tensor and then gather, so a fused op can be handed the stored codes instead.
+
 KDA layers keep the recurrent state `[B, H, K, V]` (fp32) and the short-convolution window
 `[B, 3*H*K, conv_kernel-1]`, both updated in place.
 """
@@ -19,6 +25,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+FP8 = torch.float8_e4m3fn
+KV_TILE = 128
+MX_GROUP = 32
 
 if TYPE_CHECKING:
     from npu_graph.models.hybrid import HybridConfig
@@ -31,6 +41,8 @@ class DSALayerCache:
     latent: torch.Tensor
     k_rope: torch.Tensor
     index_k: torch.Tensor
+    latent_scale: torch.Tensor | None = None
+    index_k_scale: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,13 +74,41 @@ class HybridCache:
     def _new_layer(self, kind: str, num_blocks: int) -> DSALayerCache | KDALayerCache:
         cfg = self.config
         if kind == "dsa":
-            def paged(dim: int) -> torch.Tensor:
-                return torch.zeros(num_blocks, self.block_size, 1, dim, dtype=self.kv_dtype)
-            return DSALayerCache(paged(cfg.kv_lora_rank), paged(cfg.qk_rope_head_dim), paged(cfg.index_head_dim))
+            return self._new_dsa_layer(num_blocks)
         qkv = cfg.kda_num_heads * cfg.kda_head_dim
         state = torch.zeros(self.batch_size, cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_head_dim)
         conv_state = torch.zeros(self.batch_size, 3 * qkv, cfg.kda_conv_kernel - 1)
         return KDALayerCache(state, conv_state)
+
+    def _new_dsa_layer(self, num_blocks: int) -> DSALayerCache:
+        cfg = self.config
+
+        def paged(dim: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(num_blocks, self.block_size, 1, dim, dtype=dtype)
+
+        if self.kv_dtype != FP8:
+            return DSALayerCache(*(paged(d, self.kv_dtype) for d in (cfg.kv_lora_rank, cfg.qk_rope_head_dim,
+                                                                      cfg.index_head_dim)))
+        if cfg.kv_lora_rank % KV_TILE or cfg.index_head_dim % MX_GROUP:
+            raise ValueError(f"HybridCache: an FP8 cache needs kv_lora_rank a multiple of {KV_TILE} and "
+                             f"index_head_dim a multiple of {MX_GROUP}; got {cfg.kv_lora_rank} and "
+                             f"{cfg.index_head_dim}. Use kv_dtype=torch.bfloat16 or float32 for this config")
+        return DSALayerCache(paged(cfg.kv_lora_rank, FP8), paged(cfg.qk_rope_head_dim, torch.bfloat16),
+                             paged(cfg.index_head_dim, FP8),
+                             latent_scale=paged(cfg.kv_lora_rank // KV_TILE, torch.float32),
+                             index_k_scale=paged(cfg.index_head_dim // MX_GROUP, torch.uint8))
+
+    def bytes_per_token(self) -> dict[str, int]:
+        """Stored bytes per token and DSA layer: the latent KV (with its scales), RoPE key and indexer key."""
+        layer = next((x for x in self.layers if isinstance(x, DSALayerCache)), None)
+        if layer is None:
+            return {}
+
+        def row(t: torch.Tensor | None) -> int:
+            return 0 if t is None else t.shape[-1] * t.element_size()
+
+        return {"latent": row(layer.latent) + row(layer.latent_scale), "k_rope": row(layer.k_rope),
+                "index_k": row(layer.index_k) + row(layer.index_k_scale)}
 
     def positions(self, num_tokens: int) -> torch.Tensor:
         """Positions `[B, T]` (int64) of the next `num_tokens` tokens of every sequence."""
@@ -84,22 +124,28 @@ class HybridCache:
         blocks = self.block_table.long().gather(1, positions // self.block_size)
         return blocks, positions % self.block_size
 
-    def write(self, paged: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
-        """Store `values` `[B, T, 1, D]` at logical `positions` `[B, T]` of a paged tensor, in place."""
+    def write(self, paged: torch.Tensor, positions: torch.Tensor, values: torch.Tensor,
+              scale: torch.Tensor | None = None) -> None:
+        """Store `values` `[B, T, 1, D]` at logical `positions` `[B, T]` of a paged tensor, in place; with
+        `scale` (a quantized tensor's scales), quantize first and store the scales too."""
         blocks, offsets = self._slots(positions)
+        if scale is not None:
+            values, scales = _quantize(values, scale)
+            scale.index_put_((blocks, offsets), scales)
         paged.index_put_((blocks, offsets), values.to(paged.dtype))
 
-    def read_all(self, paged: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def read_all(self, paged: torch.Tensor, dtype: torch.dtype = torch.float32,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
         """The whole capacity `[B, capacity, D]` of a paged tensor in logical order (rows past a sequence's
         length hold stale data; callers mask them)."""
-        rows = paged[self.block_table.long()]
+        rows = _dequantize(paged, scale)[self.block_table.long()]
         return rows.reshape(self.batch_size, self.capacity, paged.shape[-1]).to(dtype)
 
-    def read_rows(self, paged: torch.Tensor, positions: torch.Tensor,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def read_rows(self, paged: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype = torch.float32,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
         """Rows `[B, N, D]` at logical `positions` `[B, N]` of a paged tensor."""
         blocks, offsets = self._slots(positions)
-        return paged[blocks, offsets].squeeze(-2).to(dtype)
+        return _dequantize(paged, scale)[blocks, offsets].squeeze(-2).to(dtype)
 
     @torch.no_grad()
     def fill_synthetic_(self, length: int, seed: int = 0) -> None:
@@ -113,10 +159,28 @@ class HybridCache:
         positions = torch.arange(length).expand(self.batch_size, length)
         for layer in self.layers:
             if isinstance(layer, DSALayerCache):
-                for paged in (layer.latent, layer.k_rope, layer.index_k):
+                for paged, scale in ((layer.latent, layer.latent_scale), (layer.k_rope, None),
+                                     (layer.index_k, layer.index_k_scale)):
                     rows = torch.randn(self.batch_size, length, 1, paged.shape[-1], generator=generator)
-                    self.write(paged, positions, rows)
+                    self.write(paged, positions, rows, scale)
             else:
                 layer.state.copy_(0.1 * torch.randn(layer.state.shape, generator=generator))
                 layer.conv_state.copy_(torch.randn(layer.conv_state.shape, generator=generator))
         self.lengths.fill_(length)
+
+
+def _quantize(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of `values` in the format of the stored `scale`: fp32 -> FP8 block-128, uint8 -> MXFP8."""
+    if scale.dtype == torch.float32:
+        return torch.ops.ascend_dsa.dynamic_block_quant(values.float(), block_size=KV_TILE)
+    codes, exponents = torch.ops.ascend_dsa.dynamic_mx_quant(values.float(), block_size=MX_GROUP)
+    return codes, exponents.view(torch.uint8)
+
+
+def _dequantize(paged: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """fp32 values of a stored quantized paged tensor (the tensor itself when it is not quantized)."""
+    if scale is None:
+        return paged
+    if scale.dtype == torch.float32:
+        return torch.ops.ascend_dsa.dequant_block(paged, scale, block_size=KV_TILE)
+    return torch.ops.ascend_dsa.dequant_mx(paged, scale.view(torch.float8_e8m0fnu), block_size=MX_GROUP)

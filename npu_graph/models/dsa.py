@@ -89,8 +89,8 @@ class LightningIndexer(nn.Module):
         cos, sin = self.rotary(positions)
         q = self._rope_part(self.wq_b(qr).view(batch, seq, self.n_heads, self.head_dim), cos, sin)
         k = self._rope_part(self.k_norm(self.wk(x)).unsqueeze(2), cos, sin)
-        cache.write(layer.index_k, positions, k)
-        keys = cache.read_all(layer.index_k, dtype=q.dtype)
+        cache.write(layer.index_k, positions, k, layer.index_k_scale)
+        keys = cache.read_all(layer.index_k, dtype=q.dtype, scale=layer.index_k_scale)
         weights = self.weights_proj(x) * self.n_heads ** -0.5 * self.softmax_scale
         scores = torch.einsum("bthd,bsd->bths", q, keys).relu()
         index_scores = (scores * weights.unsqueeze(-1)).sum(dim=2)
@@ -131,7 +131,7 @@ class DSAAttention(nn.Module):
         latent, k_rope = self.kv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = self.kv_norm(latent)
         k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True)
-        cache.write(layer.latent, positions, latent.unsqueeze(2))
+        cache.write(layer.latent, positions, latent.unsqueeze(2), layer.latent_scale)
         cache.write(layer.k_rope, positions, k_rope)
         topk = self.indexer(x, qr, positions, cache, layer)
 
@@ -148,7 +148,7 @@ class DSAAttention(nn.Module):
     def _prefill(self, q_latent: torch.Tensor, q_rope: torch.Tensor, topk: torch.Tensor,
                  positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
         """Dense attention over the whole cache under the indexer's sparse mask; returns `[B, T, H, C]`."""
-        latent = cache.read_all(layer.latent, dtype=q_latent.dtype)
+        latent = cache.read_all(layer.latent, dtype=q_latent.dtype, scale=layer.latent_scale)
         k_rope = cache.read_all(layer.k_rope, dtype=q_latent.dtype)
         scores = (torch.einsum("bthc,bsc->bhts", q_latent, latent)
                   + torch.einsum("bthr,bsr->bhts", q_rope, k_rope)) * self.softmax_scale
@@ -163,7 +163,7 @@ class DSAAttention(nn.Module):
                 positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
         """Attention of one new token over only the selected latent rows; returns `[B, 1, H, C]`."""
         selected = topk[:, 0]
-        latent = cache.read_rows(layer.latent, selected, dtype=q_latent.dtype)
+        latent = cache.read_rows(layer.latent, selected, dtype=q_latent.dtype, scale=layer.latent_scale)
         k_rope = cache.read_rows(layer.k_rope, selected, dtype=q_latent.dtype)
         scores = (torch.einsum("bhc,bkc->bhk", q_latent[:, 0], latent)
                   + torch.einsum("bhr,bkr->bhk", q_rope[:, 0], k_rope)) * self.softmax_scale
