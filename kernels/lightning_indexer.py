@@ -251,7 +251,12 @@ class KeyReader:
         if self.table is None:
             return t[b, start:end]
         first, last = start // self.block, -(-end // self.block)
-        rows = t.index_select(0, self.table[b, first:last]).flatten(0, 1)
+        blocks = self.table[b, first:last]
+        lo = int(blocks[0])
+        if int(blocks[-1]) - lo == len(blocks) - 1 and bool((blocks.diff() == 1).all()):
+            rows = t[lo:lo + len(blocks)].flatten(0, 1)  # consecutive blocks: a view, no copy
+        else:
+            rows = t.index_select(0, blocks).flatten(0, 1)
         offset = start - first * self.block
         return rows[offset:offset + end - start]
 

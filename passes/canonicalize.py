@@ -2,7 +2,8 @@
 
 Rules (each counted in the pass stats):
 - `noop_view`: view/reshape/_unsafe_view/expand to the shape the input already has;
-- `view_chain`: view(view(x, a), b) -> view(x, b);
+- `view_chain`: view(view(x, a), b) -> view(x, b), also through unsqueeze/squeeze, and
+  unsqueeze(view(x, a), d) -> view(x, a with 1 inserted at d);
 - `noop_copy`: clone/_to_copy/alias that changes nothing (same dtype, device, shape) where the copy is
   not needed for aliasing: neither side is a graph input, a graph output or written in place;
 - `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
@@ -25,6 +26,7 @@ INFERENCE_ONLY = False
 
 aten = torch.ops.aten
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+_UNIT_DIMS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
 _COPIES = {aten.clone.default, aten._to_copy.default, aten.alias.default}
 _IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
 
@@ -79,9 +81,17 @@ def _plain_copy(node: torch.fx.Node) -> bool:
 
 
 def _collapse_view_chain(node: torch.fx.Node) -> bool:
+    """view(view|unsqueeze|squeeze(x), s) -> view(x, s); unsqueeze(view(x, s), d) -> view(x, s with 1 at d)."""
     source = node.args[0]
-    if node.target in _VIEWS and getattr(source, "target", None) in _VIEWS:
+    source_target = getattr(source, "target", None)
+    if node.target in _VIEWS and (source_target in _VIEWS or source_target in _UNIT_DIMS):
         node.args = (source.args[0], *node.args[1:])
+        return True
+    if node.target == aten.unsqueeze.default and source_target in _VIEWS and len(source.users) == 1:
+        shape = list(source.args[1])
+        dim = node.args[1] % (len(shape) + 1)
+        node.target = source_target
+        node.args = (source.args[0], [*shape[:dim], 1, *shape[dim:]])
         return True
     return False
 

@@ -21,14 +21,16 @@ def make_inputs(batch, s1, n1, d, s2, dtype=torch.float32, seed=0):
     return q, k, w
 
 
-def to_paged(key, block_size, seed=0):
-    """The same keys in a paged cache with a shuffled block order, one spare block, and the block table."""
+def to_paged(key, block_size, seed=0, shuffled=True):
+    """The same keys in a paged cache with a shuffled (or in-order) block order, one spare block, and the block
+    table."""
     batch, s2, _, d = key.shape
     per_batch = math.ceil(s2 / block_size)
     padded = torch.zeros(batch, per_batch * block_size, 1, d, dtype=key.dtype)
     padded[:, :s2] = key
     blocks = padded.view(batch * per_batch, block_size, 1, d)
-    order = torch.randperm(batch * per_batch + 1, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(batch * per_batch + 1, generator=torch.Generator().manual_seed(seed)) if shuffled \
+        else torch.arange(batch * per_batch + 1)
     cache = torch.randn(batch * per_batch + 1, block_size, 1, d).to(key.dtype)
     cache[order[:batch * per_batch]] = blocks
     return cache, order[:batch * per_batch].view(batch, per_batch).to(torch.int32)
@@ -109,11 +111,11 @@ def test_prefilter_is_exact_with_near_ties():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_size", [16, 128])
-def test_paged_equals_bsnd(dtype, block_size):
+@pytest.mark.parametrize("block_size,shuffled", [(16, True), (128, True), (128, False)])
+def test_paged_equals_bsnd(dtype, block_size, shuffled):
     q, key, w = make_inputs(3, 2, 8, 64, 3100, dtype, seed=3)
     lengths = torch.tensor([3100, 1500, 7], dtype=torch.int32)
-    cache, table = to_paged(key, block_size, seed=4)
+    cache, table = to_paged(key, block_size, seed=4, shuffled=shuffled)
     paged = OP(q, cache, w, actual_seq_lengths_key=lengths, block_table=table, layout_key="PA_BSND",
                sparse_count=256)
     bsnd = OP(q, key, w, actual_seq_lengths_key=lengths, sparse_count=256)
