@@ -31,6 +31,14 @@ def test_noop_view_and_view_chain():
     assert len(views) == 1
 
 
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_unit_dims_fold_into_view_chains(mode):
+    gm, stats = run_pass(lambda x: x.view(4, 6).unsqueeze(0).unsqueeze(-1).view(2, 12).unsqueeze(1) * 2,
+                         torch.randn(24), mode=mode)
+    assert stats["view_chain"] >= 2
+    assert not targets(gm) & {aten.unsqueeze.default}
+
+
 def test_identity_arithmetic_removed_but_promotion_kept():
     gm, stats = run_pass(lambda x: (x * 1 + 0) / 1 - 0, torch.randn(3, 5))
     assert stats["identity_arith"] == 4 and not targets(gm) & {aten.mul.Tensor, aten.add.Tensor}
