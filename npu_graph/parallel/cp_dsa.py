@@ -2,8 +2,9 @@
 
 The sequence is zigzag-split over the CP group; inside a CP group, TP splits the attention heads: each TP
 rank computes q_b and kv_b for its heads only, attends, and applies its columns of o_proj; one all-reduce
-over the TP group sums the partial outputs. The low-rank projections, norms, RoPE keys and the lightning
-indexer are per token and small, so every TP rank of a CP rank computes them for its own tokens. The indexer
+over the TP group sums the partial outputs. The low-rank projections, norms and RoPE keys are per token and
+small, so every TP rank of a CP rank computes them for its own tokens; the TP ranks share the lightning
+indexer's scoring by query rows (cp_indexer.py `row_group`). The indexer
 and the attention are the CP forms (cp_indexer.py, cp_attention.py) on the fused ops; the result equals the
 layer's single-process prefill for this rank's tokens. The layer's paged cache is neither read nor written.
 """
@@ -63,7 +64,7 @@ def cp_dsa_prefill(attn: DSAAttention, x: torch.Tensor, groups: ParallelGroups |
     k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True)
 
     indices, _ = cp_lightning_indexer(*_indexer_inputs(attn.indexer, x, qr, cos, sin), cp_group,
-                                      sparse_count=attn.indexer.topk)
+                                      sparse_count=attn.indexer.topk, row_group=tp_group)
     w_kv = attn.kv_b.weight.view(attn.n_heads, attn.nope_dim + attn.v_dim, attn.kv_lora_rank)[heads]
     w_uk, w_uv = w_kv.split([attn.nope_dim, attn.v_dim], dim=1)
     q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)

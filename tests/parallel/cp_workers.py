@@ -73,7 +73,8 @@ def _split(x: torch.Tensor, groups: ParallelGroups) -> torch.Tensor:
 
 def _indexer(groups: ParallelGroups) -> tuple[torch.Tensor, torch.Tensor]:
     query, key, weights = (_split(t, groups) for t in indexer_inputs())
-    indices, values = cp_lightning_indexer(query, key, weights, groups.cp_group, sparse_count=SPARSE_COUNT)
+    indices, values = cp_lightning_indexer(query, key, weights, groups.cp_group, sparse_count=SPARSE_COUNT,
+                                           row_group=groups.tp_group)
     return gather_zigzag(indices, groups.cp_group, 1), gather_zigzag(values, groups.cp_group, 1)
 
 
