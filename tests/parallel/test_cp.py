@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from npu_graph.models.kda import kda_core
-from npu_graph.parallel import DistributedLaunchError, kda_split, launch
+from npu_graph.parallel import (
+    DistributedLaunchError,
+    cp_lightning_indexer,
+    init_cp_tp,
+    kda_split,
+    launch,
+    zigzag_chunks,
+)
 
 LAYOUTS_4 = [(4, 1), (2, 2)]
 TIMEOUT_S = 240.0
@@ -121,3 +128,18 @@ def world2() -> list[dict]:
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 def test_cp2_matches_one_process(world2, check):
     check(world2, (2, 1))
+
+
+def test_clear_errors_without_processes():
+    with pytest.raises(RuntimeError, match=r"torch\.distributed is not initialized"):
+        init_cp_tp(2, 1)
+    with pytest.raises(ValueError, match="its length is 7"):
+        zigzag_chunks(2, 0, 7)
+    query, key, weights = cp_workers.indexer_inputs()
+    with pytest.raises(ValueError, match="local query slice has 64 tokens but the local key slice 32"):
+        cp_lightning_indexer(query, key[:, :32], weights, None, sparse_count=4)
+    inputs = cp_workers.kda_inputs()
+    with pytest.raises(ValueError, match=r"initial_state has shape \(2, 16, 8\)"):
+        kda_split(*list(inputs.values())[:5], None, initial_state=inputs["initial_state"][0])
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        launch(cp_workers.fail_on_rank, 0)
