@@ -51,7 +51,7 @@ def cp_dsa_prefill(attn: DSAAttention, x: torch.Tensor, groups: ParallelGroups |
     tp_group = groups.tp_group if groups is not None else None
     cp_size, cp_rank = group_size_rank(cp_group)
     batch, seq, _ = x.shape
-    positions = zigzag_split(torch.arange(seq * cp_size), cp_size, cp_rank, dim=0).expand(batch, seq)
+    positions = zigzag_split(torch.arange(seq * cp_size, device=x.device), cp_size, cp_rank, dim=0).expand(batch, seq)
     cos, sin = attn.rotary(positions)
     heads = _head_slice(attn.n_heads, tp_group)
     qk_dim = attn.nope_dim + attn.rope_dim
