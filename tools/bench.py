@@ -20,6 +20,7 @@ SUITES = {
     "e2e": "npu_graph.tools.bench_e2e",
     "kernels": "npu_graph.tools.bench_kernels",
     "cache": "npu_graph.tools.bench_cache",
+    "quant": "npu_graph.tools.bench_quant",
     "cp": "npu_graph.tools.bench_cp",
 }
 

@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
     bench = sub.add_parser("bench", help="benchmarks measured side by side (ours vs eager vs Inductor)")
-    bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp")
+    bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp, quant")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")

@@ -1,0 +1,35 @@
+"""bench quant: the suite is registered, its cache rows meet the size targets, the GEMM table holds every form,
+and the fused-call recorder sees the ops it compares."""
+import torch
+
+from npu_graph.cpu_gemm_profile import measure
+from npu_graph.tools import bench_quant
+from npu_graph.tools.bench import SUITES
+from npu_graph.tools.quant_accuracy import _recall, record_fused_calls
+
+
+def test_suite_is_registered() -> None:
+    assert SUITES["quant"] == "npu_graph.tools.bench_quant"
+
+
+def test_cache_rows_meet_the_size_targets() -> None:
+    rows = {r["case"]: r for r in bench_quant.cache_rows()}
+    assert rows["cache bytes/token latent"]["ratio"] <= 0.52
+    assert rows["cache bytes/token index_k"]["ratio"] <= 0.52
+    assert rows["cache bytes/token k_rope"]["ratio"] == 1.0
+
+
+def test_gemm_table_has_every_form() -> None:
+    (row,) = measure([(1, 32, 16)], repeat=2)
+    assert {"fp32_nt_us", "fp32_nn_us", "bf16_nt_us", "bf16_nn_us"} <= set(row)
+    assert all(row[k] > 0 for k in ("fp32_nt_us", "fp32_nn_us", "bf16_nt_us", "bf16_nn_us"))
+
+
+def test_recorder_sees_indexer_calls_and_recall_counts_valid_picks() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, w = torch.randn(1, 3, 2, 32, generator=gen), torch.randn(1, 5, 1, 32, generator=gen), \
+        torch.rand(1, 3, 2, generator=gen)
+    with record_fused_calls() as calls:
+        out = torch.ops.ascend_dsa.lightning_indexer(q, k, w, sparse_count=4)
+    assert len(calls["indexer"]) == 1 and torch.equal(calls["indexer"][0], out[0])
+    assert _recall(torch.tensor([[0, 1, -1]]), torch.tensor([[1, 2, 3]])) == (1, 2)

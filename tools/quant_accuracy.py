@@ -1,0 +1,89 @@
+"""Accuracy of quant="dsa" (FP8 cache) against quant="none" (float cache) on the compiled reference model.
+
+Both runs prefill the same prompt and decode greedily; every call of the two fused DSA ops is recorded (by
+wrapping their CPU implementations for the duration: Dynamo refuses to run under a Python dispatch mode), so the
+indexer's picks and sparse attention's outputs are compared call by call (the quantized run's errors
+accumulate through the layers, as they would in deployment).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from npu_graph.kernels import lightning_indexer, sparse_flash_attention
+from npu_graph.models.hybrid import HybridConfig, HybridLM, generate_greedy
+
+IMPLEMENTATIONS = {"indexer": (lightning_indexer, "_lightning_indexer_cpu"),
+                   "attention": (sparse_flash_attention, "_sparse_flash_attention_cpu")}
+
+
+@contextlib.contextmanager
+def record_fused_calls() -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Output 0 of every lightning_indexer / sparse_flash_attention call made inside, in call order."""
+    calls: dict[str, list[torch.Tensor]] = {name: [] for name in IMPLEMENTATIONS}
+    originals = {name: getattr(module, attr) for name, (module, attr) in IMPLEMENTATIONS.items()}
+
+    def recording(name: str):
+        def call(*args: Any) -> Any:
+            out = originals[name](*args)
+            calls[name].append(out[0].clone())
+            return out
+        return call
+
+    try:
+        for name, (module, attr) in IMPLEMENTATIONS.items():
+            setattr(module, attr, recording(name))
+        yield calls
+    finally:
+        for name, (module, attr) in IMPLEMENTATIONS.items():
+            setattr(module, attr, originals[name])
+
+
+def _run(model: HybridLM, prompt: torch.Tensor, steps: int, options: dict[str, Any], kv_dtype: torch.dtype
+         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[torch.Tensor]]]:
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="ascend_dsa", options={"cache": False, "strict": True, **options},
+                             fullgraph=True)
+    with torch.no_grad(), record_fused_calls() as calls:
+        logits = compiled(prompt, model.new_cache(1, kv_dtype=kv_dtype))
+        tokens = generate_greedy(compiled, prompt, steps, model.new_cache(1, kv_dtype=kv_dtype))
+    return logits, tokens, calls
+
+
+def _recall(ref: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:
+    """(hits, valid) of the reference's valid picks found among the quantized run's, over all query rows."""
+    ref_rows, out_rows = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, out.shape[-1])
+    hits = valid = 0
+    for r, o in zip(ref_rows.tolist(), out_rows.tolist()):
+        picks = {i for i in r if i >= 0}
+        hits += len(picks & set(o))
+        valid += len(picks)
+    return hits, valid
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+def measure_accuracy(config_name: str, prompt_len: int, steps: int) -> dict[str, Any]:
+    """Logits cosine, greedy agreement, indexer recall and sparse attention cosine of quant="dsa"."""
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.named(config_name)).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    ref_logits, ref_tokens, ref_calls = _run(model, prompt, steps, {"quant": "none"}, torch.float32)
+    logits, tokens, calls = _run(model, prompt, steps, {"quant": "dsa"}, torch.float8_e4m3fn)
+    same = int((ref_tokens == tokens).int().cumprod(dim=1).sum().item())
+    per_forward = model.config.layer_types.count("dsa")
+    comparable = per_forward * (2 + min(same, steps - 1))   # two prefills, then decode steps fed equal tokens
+    hits = valid = 0
+    for a, b in zip(ref_calls["indexer"][:comparable], calls["indexer"][:comparable]):
+        h, v = _recall(a, b)
+        hits, valid = hits + h, valid + v
+    attention = [_cosine(a, b) for a, b in zip(ref_calls["attention"][:comparable], calls["attention"][:comparable])]
+    return {"config": config_name, "prompt": prompt_len, "decode_steps": steps,
+            "logits_cosine": _cosine(ref_logits, logits), "greedy_identical_steps": same,
+            "indexer_recall": hits / max(valid, 1), "attention_cosine_min": min(attention, default=float("nan")),
+            "attention_cosine_mean": sum(attention) / max(len(attention), 1), "compared_calls": len(attention)}
