@@ -1,6 +1,7 @@
 """`ascend-dsa bench e2e`: the reference model's prefill (context 4K, `small`) and decode step (context 16K,
-`ctx16k`) in eager, Inductor and ascend_dsa, timed side by side in one process, with each backend's cold
-compile time (first call minus the steady-state median)."""
+`ctx16k`) in eager, Inductor and ascend_dsa (with its default SuperKernel regions, and without them:
+`ascend_dsa_nosk`), timed side by side in one process, with each backend's cold compile time (first call
+minus the steady-state median)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,7 @@ from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.tools.timing import time_side_by_side
 
-BACKENDS = ("eager", "inductor", "ascend_dsa")
+BACKENDS = ("eager", "inductor", "ascend_dsa", "ascend_dsa_nosk")
 
 
 def build_model(config_name: str, seed: int = 0) -> HybridLM:
@@ -33,12 +34,9 @@ def reset_cache(cache: HybridCache, length: int) -> None:
             layer.conv_state.zero_()
 
 
-def compiled_models(model: HybridLM, backend: npu_graph.Backend) -> dict[str, Callable[..., Any]]:
-    return {
-        "eager": model,
-        "inductor": torch.compile(model, backend="inductor"),
-        "ascend_dsa": torch.compile(model, backend=backend),
-    }
+def compiled_models(model: HybridLM, ours: dict[str, npu_graph.Backend]) -> dict[str, Callable[..., Any]]:
+    return {"eager": model, "inductor": torch.compile(model, backend="inductor"),
+            **{name: torch.compile(model, backend=backend) for name, backend in ours.items()}}
 
 
 class _CountOps(TorchDispatchMode):
@@ -63,7 +61,8 @@ def dispatched_ops(call: Callable[[], object]) -> int:
 def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repeat: int,
                  warm_cache: Callable[[HybridCache], None] | None = None) -> list[dict[str, Any]]:
     """Cold first call per backend, then all backends alternated; outputs checked against eager."""
-    ours = npu_graph.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    ours = {name: npu_graph.Backend(npu_graph.CompilerConfig.from_options({"cache": False, "superkernel": sk}))
+            for name, sk in (("ascend_dsa", True), ("ascend_dsa_nosk", False))}
     models = compiled_models(model, ours)
     caches = {b: model.new_cache(ids.shape[0]) for b in BACKENDS}
     if warm_cache is not None:
@@ -85,7 +84,7 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
 
         medians = time_side_by_side({b: runner(b) for b in BACKENDS}, repeat=repeat, warmup=1)
         op_counts = {"eager": dispatched_ops(runner("eager")), "inductor": None,
-                     "ascend_dsa": sum(r.ops for r in ours.reports)}
+                     **{name: sum(r.ops for r in backend.reports) for name, backend in ours.items()}}
     rows = []
     for backend in BACKENDS:
         err = (outputs[backend] - outputs["eager"]).abs().max().item()
@@ -95,7 +94,9 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
                      "cold_compile_s": max(first_s[backend] - medians[backend], 0.0),
                      "ops_dispatched": op_counts[backend],
                      "ops_vs_eager": op_counts[backend] / op_counts["eager"] if op_counts[backend] else None,
-                     "max_abs_diff_vs_eager": err})
+                     "max_abs_diff_vs_eager": err,
+                     "superkernels": sum(r.extra.get("superkernels", {}).get("count", 0)
+                                         for r in ours[backend].reports) if backend in ours else None})
     return rows
 
 

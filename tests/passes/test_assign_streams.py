@@ -52,9 +52,9 @@ def tiny_decode():
     return model, torch.randint(0, model.config.vocab_size, (1, 1))
 
 
-def run_model(monkeypatch, model, ids, streams):
+def run_model(monkeypatch, model, ids, streams, **options):
     torch._dynamo.reset()
-    return compile_watched(monkeypatch, model, (ids, model.new_cache(1)), {"streams": streams})
+    return compile_watched(monkeypatch, model, (ids, model.new_cache(1)), {"streams": streams, **options})
 
 
 def test_independent_chains_go_to_two_streams_with_events(monkeypatch):
@@ -98,10 +98,10 @@ def test_every_recorded_event_is_waited_and_follows_its_producer(monkeypatch, ti
         assert all(stream_of(p) == record.args[1] for p in record.args[2:])
 
 
-@pytest.mark.parametrize("profile", ["npu", "cuda"])
-def test_indexer_prolog_splits_over_streams(monkeypatch, tiny_decode, profile):
+@pytest.mark.parametrize(("profile", "quant"), [("npu", "none"), ("cuda", "none"), ("npu", "dsa")])
+def test_indexer_prolog_splits_over_streams(monkeypatch, tiny_decode, profile, quant):
     model, ids = tiny_decode
-    _, _, _, before = run_model(monkeypatch, model, ids, 3)
+    _, _, _, before = run_model(monkeypatch, model, ids, 3, quant=quant)
     nodes = [n for n in before.graph.nodes if n.op == "call_function"]
     device = PROFILES[profile]
     cost = {n: node_seconds(n, device) for n in nodes}
@@ -111,6 +111,7 @@ def test_indexer_prolog_splits_over_streams(monkeypatch, tiny_decode, profile):
         assert plan["makespan"] <= 0.7 * plan["serial"]
         mms = {name: s for name, s in plan["streams"].items() if name.startswith("mm")}
         assert len(mms) >= 3 and len(set(mms.values())) >= 2, "projections should not share one stream"
+        assert any("mx_quant" in name for name in plan["streams"]) == (quant == "dsa")
 
 
 def test_in_place_write_orders_readers_before_and_after():
