@@ -27,7 +27,9 @@ def test_fp8_cache_stores_codes_and_scales() -> None:
     assert layer.k_rope.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("part,tolerance", [("latent", 2.0 ** -4), ("index_k", 2.0 ** -4)])
+# e4m3 rounds to 3 mantissa bits (relative error <= 2^-4); MX's power-of-two scale puts a group's max in
+# [256, 512), above e4m3's 448, so the largest values may also saturate (relative error < 2^-3)
+@pytest.mark.parametrize("part,tolerance", [("latent", 2.0 ** -4), ("index_k", 2.0 ** -3)])
 def test_fp8_cache_round_trip(part: str, tolerance: float) -> None:
     cache = HybridCache(fp8_config(), batch_size=2, kv_dtype=FP8)
     layer = dsa_layer(cache)
@@ -37,7 +39,6 @@ def test_fp8_cache_round_trip(part: str, tolerance: float) -> None:
     cache.write(paged, positions, values, scale)
     back = cache.read_rows(paged, positions, scale=scale)
     error = (back - values.squeeze(2)).abs()
-    # e4m3 rounds to 3 mantissa bits: relative error <= 2^-4 for normal values, absolute near zero
     assert bool((error <= tolerance * values.squeeze(2).abs() + 1e-2).all())
     full = cache.read_all(paged, scale=scale)
     torch.testing.assert_close(full[:, 3:8], back)
