@@ -242,7 +242,7 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None,
     row_max = logits.amax(1, keepdim=True)
     probs = logits.sub_(row_max).exp_()
     row_sum = probs.sum(1, keepdim=True)
-    return linear(probs, v.t()).div_(row_sum), row_max.squeeze(1), row_sum.squeeze(1)
+    return torch.mm(probs, v).div_(row_sum), row_max.squeeze(1), row_sum.squeeze(1)
 
 
 def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
