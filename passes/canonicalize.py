@@ -90,8 +90,10 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
     if node.target == aten.unsqueeze.default and source_target in _VIEWS and len(source.users) == 1:
         shape = list(source.args[1])
         dim = node.args[1] % (len(shape) + 1)
-        node.target = source_target
-        node.args = (source.args[0], [*shape[:dim], 1, *shape[dim:]])
+        with node.graph.inserting_before(node):
+            view = node.graph.call_function(source_target, (source.args[0], [*shape[:dim], 1, *shape[dim:]]))
+        view.meta = dict(node.meta)
+        node.replace_all_uses_with(view)
         return True
     return False
 
