@@ -23,8 +23,8 @@ Outputs. sparse_indices int32 [B,S1,1,sparse_count]: visible key positions by de
 MXFP8. query/key may be float8_e4m3fn with query_scale/key_scale of shape [..., D/32] (float8_e8m0fnu, or
 uint8 holding the biased exponent e): each group of 32 values along D is multiplied by 2^(e − 127).
 
-Fast CPU path. Query rows are processed in blocks; the keys of a batch stream through in chunks that are
-converted (or dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a
+Fast CPU path. Query rows are processed in blocks; the keys of a batch stream through in chunks (as many keys
+as keep the chunk's [keys, rows·N1] scores within SCORE_BUDGET) that are converted (or dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a
 matvec with the weights per row, and merged into a running top-K: the [heads × keys] score matrix is never
 formed. Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) take a prefilter instead:
 one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16, unit roundoff
@@ -62,8 +62,8 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 INDEX_DTYPES = (torch.int32, torch.int64)
-KEY_CHUNK = 4096          # keys per fp32 GEMM in the streamed path
-SCORE_BUDGET = 1 << 21    # elements of one [chunk, rows·N1] GEMM output in the streamed path
+KEY_CHUNK = 4096          # fewest keys per fp32 GEMM in the streamed path
+SCORE_BUDGET = 1 << 21    # elements of one [chunk, rows·N1] GEMM output: chunks grow to it (decode: few rows)
 PREFILTER_CHUNK = 16384   # keys per bf16 GEMM in the prefilter
 PREFILTER_MAX_ROWS = 8    # a batch with more valid query rows uses the streamed path
 MARGIN_BF16_WEIGHTS = 2.1 * 2.0 ** -8     # e / Σ|w|·ReLU(q·k): 2u (+ slack) for bf16 u = 2^-8, see docstring
@@ -353,11 +353,12 @@ def _streamed_topk(keys: KeyReader, b: int, q_rows: Tensor, w_rows: Tensor, limi
                    k: int) -> tuple[Tensor, Tensor]:
     """Exact top-k for a block of query rows: key chunks in fp32 through `_chunk_scores`, invisible keys
     masked to -inf, merged into a running top-k."""
-    rows = q_rows.shape[0]
+    rows, n1 = q_rows.shape[:2]
     limit = torch.tensor(limits).unsqueeze(1)
     best, best_pos = torch.empty(rows, 0), torch.empty(rows, 0, dtype=torch.long)
-    for start in range(0, max(limits), KEY_CHUNK):
-        end = min(start + KEY_CHUNK, max(limits))
+    chunk = max(KEY_CHUNK, SCORE_BUDGET // (rows * n1))
+    for start in range(0, max(limits), chunk):
+        end = min(start + chunk, max(limits))
         scores = _chunk_scores(keys.float_range(b, start, end), q_rows, w_rows)
         pos = torch.arange(start, end)
         scores.masked_fill_(pos >= limit, float("-inf"))
