@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from npu_graph.direct_calls import bind_direct_calls
 from npu_graph.superkernel import bind_regions
 
 
@@ -40,8 +41,9 @@ class CompiledGraph:
         self.attributes = attributes
         self.globals_ = globals_
         self.param_indices = param_indices
-        namespace = dict(globals_)
-        exec(compile(source, f"<ascend_dsa:{name}>", "exec"), namespace)
+        runnable, direct = bind_direct_calls(source)
+        namespace = {**globals_, **direct}
+        exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)

@@ -1,0 +1,31 @@
+"""The CPU runtime calls fused ops' implementations directly (no dispatcher), with identical results."""
+import torch
+
+import npu_graph
+from npu_graph.direct_calls import PREFIX, bind_direct_calls, implementation
+
+
+def test_fused_op_calls_are_bound_to_their_implementation():
+    source = ("def forward(self, x, g):\n"
+              "    y = torch.ops.ascend_dsa.rms_norm.default(x, g, 1e-06)\n"
+              "    return (torch.ops.aten.add.Tensor(y[0], 1), torch.ops.ascend_dsa.no_such_op.default(x))\n")
+    runnable, functions = bind_direct_calls(source)
+    assert f"{PREFIX}rms_norm(x, g, 1e-06)" in runnable
+    assert "torch.ops.aten.add.Tensor" in runnable and "torch.ops.ascend_dsa.no_such_op.default(x)" in runnable
+    assert functions == {f"{PREFIX}rms_norm": implementation("rms_norm")}
+
+
+def test_compiled_graph_runs_direct_calls_with_identical_results():
+    gamma = torch.randn(64)
+
+    def fn(x, y):
+        h = x + y
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma
+
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    x, y = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        out = torch.compile(fn, backend=backend)(x, y)
+        direct = torch.ops.ascend_dsa.add_rms_norm.default(x, y, gamma, 1e-6)
+    assert backend.reports[-1].fused_ops == {"add_rms_norm": 1}
+    assert torch.equal(out, direct[0])
