@@ -53,10 +53,8 @@ def _place(node: torch.fx.Node, preds: list[torch.fx.Node], plan: dict[torch.fx.
     return best
 
 
-def schedule(nodes: list[torch.fx.Node], deps: dict[torch.fx.Node, list[torch.fx.Node]],
-             cost: dict[torch.fx.Node, float], free_nodes: set[torch.fx.Node], count: int,
-             event_s: float) -> dict[torch.fx.Node, Slot]:
-    """Plan every node of `nodes` (a topological order) onto `count` streams."""
+def _links(nodes: list[torch.fx.Node], deps: dict[torch.fx.Node, list[torch.fx.Node]]) -> tuple[dict, dict, dict, dict]:
+    """(position, predecessors, count of unplaced predecessors, users) of every node, within `nodes`."""
     index = {n: i for i, n in enumerate(nodes)}
     preds = {n: [p for p in deps[n] if p in index] for n in nodes}
     waiting = {n: len(preds[n]) for n in nodes}
@@ -64,6 +62,14 @@ def schedule(nodes: list[torch.fx.Node], deps: dict[torch.fx.Node, list[torch.fx
     for node in nodes:
         for pred in preds[node]:
             users[pred].append(node)
+    return index, preds, waiting, users
+
+
+def schedule(nodes: list[torch.fx.Node], deps: dict[torch.fx.Node, list[torch.fx.Node]],
+             cost: dict[torch.fx.Node, float], free_nodes: set[torch.fx.Node], count: int,
+             event_s: float) -> dict[torch.fx.Node, Slot]:
+    """Plan every node of `nodes` (a topological order) onto `count` streams."""
+    index, preds, waiting, users = _links(nodes, deps)
     level = bottom_levels(nodes, preds, cost)
     ready = [(-level[n], index[n], n) for n in nodes if waiting[n] == 0]
     heapq.heapify(ready)
@@ -88,13 +94,7 @@ def program_order(nodes: list[torch.fx.Node], deps: dict[torch.fx.Node, list[tor
                   plan: dict[torch.fx.Node, Slot]) -> list[torch.fx.Node]:
     """A topological order that launches long runs of one stream: among the ready nodes, stay on the
     stream of the node just emitted, else take the earliest modeled start."""
-    index = {n: i for i, n in enumerate(nodes)}
-    preds = {n: [p for p in deps[n] if p in index] for n in nodes}
-    waiting = {n: len(preds[n]) for n in nodes}
-    users: dict[torch.fx.Node, list[torch.fx.Node]] = {n: [] for n in nodes}
-    for node in nodes:
-        for pred in preds[node]:
-            users[pred].append(node)
+    index, _, waiting, users = _links(nodes, deps)
     ready = {n for n in nodes if waiting[n] == 0}
     order: list[torch.fx.Node] = []
     current = 0
