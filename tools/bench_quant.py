@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = [*cache_rows(), {"case": "accuracy dsa vs none", **accuracy}, *gemm_rows(model, 20 if args.quick else 50),
             decode_row(model, repeat)]
     notes = ["accuracy: quant='dsa' on a kv_dtype=float8_e4m3fn cache vs quant='none' on a float32 cache; op "
-             "figures compare calls made while both runs had been fed the same tokens",
+             "figures compare calls made while both runs had been fed the same tokens; op_attention_cosine_min is "
+             "sparse attention alone: the float run's calls rerun on identical inputs with the KV in FP8 block-128",
              "targets: cache ratios <= 0.52 (latent, index_k), recall >= 0.95, attention cosine >= 0.999, "
              "logits cosine >= 0.995, 32 identical greedy steps, layout speedup >= 1.2",
              "timings are medians of side-by-side rounds on a shared machine: noisy"]

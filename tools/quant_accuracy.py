@@ -3,7 +3,8 @@
 Both runs prefill the same prompt and decode greedily; every call of the two fused DSA ops is recorded (by
 wrapping their CPU implementations for the duration: Dynamo refuses to run under a Python dispatch mode), so the
 indexer's picks and sparse attention's outputs are compared call by call (the quantized run's errors
-accumulate through the layers, as they would in deployment).
+accumulate through the layers, as they would in deployment). Sparse attention is also measured alone: each
+float-cache call rerun on identical inputs with the KV quantized to FP8 block-128 (the op's own error).
 """
 from __future__ import annotations
 
@@ -20,16 +21,28 @@ IMPLEMENTATIONS = {"indexer": (lightning_indexer, "_lightning_indexer_cpu"),
                    "attention": (sparse_flash_attention, "_sparse_flash_attention_cpu")}
 
 
+def _snapshot(args: tuple[Any, ...]) -> list[Any]:
+    """The arguments with every tensor cloned once (a tensor passed twice stays one tensor)."""
+    clones: dict[int, torch.Tensor] = {}
+    for a in args:
+        if isinstance(a, torch.Tensor) and id(a) not in clones:
+            clones[id(a)] = a.clone()
+    return [clones.get(id(a), a) for a in args]
+
+
 @contextlib.contextmanager
-def record_fused_calls() -> Iterator[dict[str, list[torch.Tensor]]]:
-    """Output 0 of every lightning_indexer / sparse_flash_attention call made inside, in call order."""
-    calls: dict[str, list[torch.Tensor]] = {name: [] for name in IMPLEMENTATIONS}
+def record_fused_calls() -> Iterator[dict[str, list[Any]]]:
+    """Output 0 of every lightning_indexer / sparse_flash_attention call made inside, in call order, and the
+    arguments of every sparse_flash_attention call (under "attention_args")."""
+    calls: dict[str, list[Any]] = {name: [] for name in [*IMPLEMENTATIONS, "attention_args"]}
     originals = {name: getattr(module, attr) for name, (module, attr) in IMPLEMENTATIONS.items()}
 
     def recording(name: str):
         def call(*args: Any) -> Any:
             out = originals[name](*args)
             calls[name].append(out[0].clone())
+            if name == "attention":
+                calls["attention_args"].append(_snapshot(args))
             return out
         return call
 
@@ -68,6 +81,23 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
 
 
+def fp8_kv_attention_cosines(calls: list[list[Any]]) -> list[float]:
+    """Sparse attention alone: each recorded float-cache call rerun on the same inputs with its latent KV
+    quantized to FP8 block-128 (`dynamic_block_quant`), cosine of the two outputs."""
+    cosines = []
+    for args in calls:
+        key, value = args[1:3]
+        if key.dtype == torch.float8_e4m3fn or key is not value:
+            continue
+        codes, scale = torch.ops.ascend_dsa.dynamic_block_quant(key)
+        quantized = list(args)
+        quantized[1:3], quantized[10:12] = [codes, codes], [scale, scale]
+        exact = sparse_flash_attention._sparse_flash_attention_cpu(*args)[0]
+        approx = sparse_flash_attention._sparse_flash_attention_cpu(*quantized)[0]
+        cosines.append(_cosine(exact, approx))
+    return cosines
+
+
 def measure_accuracy(config_name: str, prompt_len: int, steps: int) -> dict[str, Any]:
     """Logits cosine, greedy agreement, indexer recall and sparse attention cosine of quant="dsa"."""
     torch.manual_seed(0)
@@ -83,7 +113,9 @@ def measure_accuracy(config_name: str, prompt_len: int, steps: int) -> dict[str,
         h, v = _recall(a, b)
         hits, valid = hits + h, valid + v
     attention = [_cosine(a, b) for a, b in zip(ref_calls["attention"][:comparable], calls["attention"][:comparable])]
-    return {"config": config_name, "prompt": prompt_len, "decode_steps": steps,
+    isolated = fp8_kv_attention_cosines(ref_calls["attention_args"])
+    return {"op_attention_cosine_min": min(isolated, default=float("nan")), "op_attention_calls": len(isolated),
+            "config": config_name, "prompt": prompt_len, "decode_steps": steps,
             "logits_cosine": _cosine(ref_logits, logits), "greedy_identical_steps": same,
             "indexer_recall": hits / max(valid, 1), "attention_cosine_min": min(attention, default=float("nan")),
             "attention_cosine_mean": sum(attention) / max(len(attention), 1), "compared_calls": len(attention)}

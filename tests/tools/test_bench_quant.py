@@ -5,7 +5,7 @@ import torch
 from npu_graph.cpu_gemm_profile import measure
 from npu_graph.tools import bench_quant
 from npu_graph.tools.bench import SUITES
-from npu_graph.tools.quant_accuracy import _recall, record_fused_calls
+from npu_graph.tools.quant_accuracy import _recall, fp8_kv_attention_cosines, record_fused_calls
 
 
 def test_suite_is_registered() -> None:
@@ -33,3 +33,16 @@ def test_recorder_sees_indexer_calls_and_recall_counts_valid_picks() -> None:
         out = torch.ops.ascend_dsa.lightning_indexer(q, k, w, sparse_count=4)
     assert len(calls["indexer"]) == 1 and torch.equal(calls["indexer"][0], out[0])
     assert _recall(torch.tensor([[0, 1, -1]]), torch.tensor([[1, 2, 3]])) == (1, 2)
+
+
+def test_fp8_kv_attention_rerun_on_identical_inputs() -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, qr = torch.randn(1, 2, 4, 128, generator=gen), torch.randn(1, 2, 4, 16, generator=gen)
+    kv, kr = torch.randn(1, 40, 1, 128, generator=gen), torch.randn(1, 40, 1, 16, generator=gen)
+    idx = torch.randint(0, 39, (1, 2, 1, 8), generator=gen, dtype=torch.int32)
+    with record_fused_calls() as calls:
+        torch.ops.ascend_dsa.sparse_flash_attention(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr)
+    (args,) = calls["attention_args"]
+    assert args[1] is args[2] and args[1] is not kv and torch.equal(args[1], kv)
+    (cosine,) = fp8_kv_attention_cosines(calls["attention_args"])
+    assert 0.999 < cosine < 1.0
