@@ -23,10 +23,12 @@ Outputs. sparse_indices int32 [B,S1,1,sparse_count]: visible key positions by de
 MXFP8. query/key may be float8_e4m3fn with query_scale/key_scale of shape [..., D/32] (float8_e8m0fnu, or
 uint8 holding the biased exponent e): each group of 32 values along D is multiplied by 2^(e − 127).
 
-Fast CPU path. Query rows are processed in blocks; the keys of a batch stream through in chunks (as many keys
-as keep the chunk's [keys, rows·N1] scores within SCORE_BUDGET) that are converted (or dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a
-matvec with the weights per row, and merged into a running top-K: the [heads × keys] score matrix is never
-formed. Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) take a prefilter instead:
+Fast CPU path. Query rows are processed in blocks; the keys of a batch stream through in chunks (as many
+keys as keep the chunk's [keys, rows·N1] scores within SCORE_BUDGET elements) that are converted (or
+dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a matvec with the
+weights per row, and merged into a running top-K: score memory is bounded by SCORE_BUDGET whatever the
+context length (a decode row's 16 heads × 16K keys fit in one chunk; a prefill block's do not).
+Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) take a prefilter instead:
 one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16, unit roundoff
 u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j |w_j|·ReLU(q_j·k).
 Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd (3u·Bnd) from the
