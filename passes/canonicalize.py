@@ -8,6 +8,8 @@ Rules (each counted in the pass stats):
   not needed for aliasing: neither side is a graph input, a graph output or written in place;
 - `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
 - `double_transpose`: t(t(x)) -> x;
+- `detached_factory`: x.new_full/new_zeros/new_ones/new_empty(size) -> full/zeros/ones/empty(size) with x's
+  dtype and device, so that x is no longer needed (a dense score kept alive only to shape a mask dies);
 - `dead_code`: nodes whose results are unused (side-effecting nodes are kept).
 Shapes are compared only when they are equal for every value of the symbolic sizes.
 """
@@ -27,6 +29,8 @@ INFERENCE_ONLY = False
 aten = torch.ops.aten
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 _UNIT_DIMS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
+_FACTORIES = {aten.new_full.default: aten.full.default, aten.new_zeros.default: aten.zeros.default,
+              aten.new_ones.default: aten.ones.default, aten.new_empty.default: aten.empty.memory_format}
 _COPIES = {aten.clone.default, aten._to_copy.default, aten.alias.default}
 _IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
 
@@ -98,6 +102,21 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
     return False
 
 
+def _detach_factory(node: torch.fx.Node) -> bool:
+    """x.new_full/new_zeros/new_ones/new_empty(size, ...) -> full/zeros/ones/empty(size, dtype, device of x)."""
+    factory = _FACTORIES.get(node.target)
+    source = _val(node.args[0]) if factory is not None else None
+    if source is None or any(k not in ("dtype", "device", "layout", "pin_memory") for k in node.kwargs):
+        return False
+    kwargs = {"dtype": node.kwargs.get("dtype") or source.dtype, "device": node.kwargs.get("device") or source.device,
+              "pin_memory": False}
+    with node.graph.inserting_before(node):
+        fresh = node.graph.call_function(factory, tuple(node.args[1:]), kwargs)
+    fresh.meta = dict(node.meta)
+    node.replace_all_uses_with(fresh)
+    return True
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     counts: Counter[str] = Counter()
     for node in list(gm.graph.nodes):
@@ -105,6 +124,9 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
             continue
         if _collapse_view_chain(node):
             counts["view_chain"] += 1
+        if _detach_factory(node):
+            counts["detached_factory"] += 1
+            continue
         found = _replacement(node)
         if found is not None:
             rule, source = found

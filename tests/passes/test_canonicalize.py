@@ -39,6 +39,19 @@ def test_unit_dims_fold_into_view_chains(mode):
     assert not targets(gm) & {aten.unsqueeze.default}
 
 
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_factories_no_longer_depend_on_their_template(mode):
+    def fn(x, w):
+        scores = x @ w  # only shapes the mask below: dead once the factory is detached
+        mask = scores.new_full((x.shape[0], 3), float("-inf")).scatter(-1, torch.zeros(x.shape[0], 1).long(), 0.0)
+        return mask + x.new_zeros(x.shape[0], 3) + x.new_ones((1, 3), dtype=torch.float64)
+
+    gm, stats = run_pass(fn, torch.randn(4, 5), torch.randn(5, 6), mode=mode)
+    assert stats["detached_factory"] == 3
+    assert aten.mm.default not in targets(gm)
+    assert not targets(gm) & {aten.new_full.default, aten.new_zeros.default, aten.new_ones.default}
+
+
 def test_identity_arithmetic_removed_but_promotion_kept():
     gm, stats = run_pass(lambda x: (x * 1 + 0) / 1 - 0, torch.randn(3, 5))
     assert stats["identity_arith"] == 4 and not targets(gm) & {aten.mul.Tensor, aten.add.Tensor}
