@@ -2,6 +2,8 @@
 
 A pass is a module in npu_graph.passes with `NAME`, `INFERENCE_ONLY` and `run(gm, ctx) -> PassResult`.
 Its `uuid` is the hash of its source, so editing a pass changes every cache key that depends on it.
+canonicalize runs twice: first on the captured graph, then on what the rewrites left (view chains and no-op
+reshapes that the fusion passes' operand layouts create) before streams and SuperKernels are planned.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ PASSES: list[ModuleType] = [
     quantize,
     layout_nz,
     reinplace_input_writes,
+    canonicalize,
     assign_streams,
     partition_superkernels,
 ]

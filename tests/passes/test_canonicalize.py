@@ -94,3 +94,26 @@ def test_graph_outputs_stay_distinct_tensors(dtype):
     gm, _ = run_pass(lambda x: ((x + 1).clone(), x + 1), torch.randn(4, dtype=dtype))
     a, b = gm(torch.randn(4, dtype=dtype))
     assert a.data_ptr() != b.data_ptr()
+
+
+def test_second_run_cleans_up_after_the_fusion_passes(monkeypatch):
+    from npu_graph.models.hybrid import HybridConfig, HybridLM
+
+    graphs = []
+    original = canonicalize.run
+
+    def spy(gm, ctx):
+        result = original(gm, ctx)
+        graphs.append((result.stats, [n for n in gm.graph.nodes if n.op == "call_function"]))
+        return result
+
+    monkeypatch.setattr(canonicalize, "run", spy)
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.named("tiny")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.compile(model, backend="ascend_dsa", options={"cache": False})(ids, model.new_cache(1))
+    _, (last, nodes) = graphs
+    assert last.get("view_chain", 0) > 0
+    views = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+    assert not [n for n in nodes if n.target in views and getattr(n.args[0], "target", None) in views]
