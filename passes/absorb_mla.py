@@ -21,7 +21,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.attention_parts import score_terms, softmax_parts, split_score_and_mask
 from npu_graph.passes.axis_trace import Dim, Tracer, flat, materialize, same_size
-from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.fusion_graph import dim_arg, fuse_each
 from npu_graph.passes.match_util import NoMatch, val
 from npu_graph.passes.sparse_mask import is_sparse_mask
 
@@ -187,11 +187,6 @@ def _two_pieces(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node]:
     return pieces[0], pieces[1]
 
 
-def _size(graph: torch.fx.Graph, node: torch.fx.Node, dim: int) -> object:
-    size = val(node).shape[dim]
-    return size if isinstance(size, int) else graph.call_function(aten.sym_size.int, (node, dim))
-
-
 def _call(graph: torch.fx.Graph, target: object, *args: object) -> torch.fx.Node:
     return graph.call_function(target, args)
 
@@ -221,8 +216,8 @@ def rewrite(gm: torch.fx.GraphModule, m: MLAMatch) -> None:
         query = m.q_rope[0] if isinstance(m.q_rope, tuple) else m.q_rope
         heads = val(query).shape[1]
         value_dim = val(m.weight).shape[0] // heads - m.nope
-        batch, rows = _size(graph, query, 0), _size(graph, query, 2)
-        keys = _size(graph, m.latent, val(m.latent).dim() - 2)
+        batch, rows = dim_arg(graph, query, 0), dim_arg(graph, query, 2)
+        keys = dim_arg(graph, m.latent, val(m.latent).dim() - 2)
         weight = _call(graph, aten.reshape.default, m.weight, [heads, -1, latent_dim])
         w_key = _call(graph, aten.slice.Tensor, weight, 1, 0, m.nope)
         w_value = _call(graph, aten.transpose.int, _call(graph, aten.slice.Tensor, weight, 1, m.nope), 1, 2)

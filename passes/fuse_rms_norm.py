@@ -29,7 +29,7 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import fuse_each
+from npu_graph.passes.fusion_graph import dim_arg, fuse_each
 from npu_graph.passes.match_util import NoMatch, val
 
 NAME = "fuse_rms_norm"
@@ -198,9 +198,7 @@ def _gamma(graph: torch.fx.Graph, x: Node, weight: Node | None) -> Node:
     """The weight as the op takes it ([D], x's dtype or fp32), or ones when the norm has none."""
     xv = val(x)
     if weight is None:
-        size = xv.shape[-1]
-        if not isinstance(size, int):
-            size = graph.call_function(aten.sym_size.int, (x, xv.dim() - 1))
+        size = dim_arg(graph, x, xv.dim() - 1)
         return graph.call_function(aten.ones.default, ([size],), {"dtype": xv.dtype, "device": xv.device})
     wv = val(weight)
     if wv.dim() != 1:

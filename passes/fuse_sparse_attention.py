@@ -22,7 +22,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.attention_parts import Term, score_terms, softmax_parts, split_score_and_mask
 from npu_graph.passes.axis_trace import Axis, Expr, Tracer, flat, materialize, size_arg
-from npu_graph.passes.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
+from npu_graph.passes.fusion_graph import causal_lengths_from_mask, dim_arg, fuse_each, int32_table, leaf_root_ids
 from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
 from npu_graph.passes.sparse_mask import VIEWS, is_sparse_mask, read_sparse_mask, strip_views
 
@@ -163,9 +163,7 @@ def _sparse_indices(graph: torch.fx.Graph, m: SparseMatch) -> torch.fx.Node:
     raw = _indexer_output(m.indices)
     if raw is not None:
         return graph.call_function(operator.getitem, (raw, 0))
-    count = val(m.indices).shape[-1]
-    if not isinstance(count, int):
-        count = graph.call_function(aten.sym_size.int, (m.indices, val(m.indices).dim() - 1))
+    count = dim_arg(graph, m.indices, val(m.indices).dim() - 1)
     indices = graph.call_function(aten._to_copy.default, (m.indices,), {"dtype": torch.int32})
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), 1, count]
     return graph.call_function(aten.reshape.default, (indices, shape))

@@ -20,6 +20,12 @@ def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:
     return {id(a) for d in tracer.leaf_dims[leaf] for a in flat(d)}
 
 
+def dim_arg(graph: torch.fx.Graph, node: torch.fx.Node, dim: int) -> object:
+    """The size of `node`'s dim as a graph argument: an int, or a node reading the symbolic size at run time."""
+    size = val(node).shape[dim]
+    return size if isinstance(size, int) else graph.call_function(torch.ops.aten.sym_size.int, (node, dim))
+
+
 def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
     """A block table as the fused ops take it: int32, reading through the model's own casts."""
     table = strip_casts(table)
