@@ -13,7 +13,7 @@ Fast CPU path (chunked WY / UT-transform form, everything in fp32). Inside a chu
 G_r the cumulative decay from the chunk start and S the state entering the chunk:
 
     A[r,j] = beta_r sum_c k_r[c] k_j[c] exp(G_r[c] - G_j[c])          (j < r)
-    [W_v | W_k] = (I + A)^-1 [beta V | beta K * exp(G)]              (one batched unit-triangular solve)
+    [W_v | W_k] = (I + A)^-1 [beta V | beta K * exp(G)]              (one blocked inverse, one GEMM)
     U = W_v - W_k S,  o = (q * exp(G)) S + M U,  M[r,j] = sum_c q_r[c] k_j[c] exp(G_r[c] - G_j[c]) (j <= r)
     S' = Diag(exp G_last) S + (K * exp(G_last - G))^T U
 
@@ -160,26 +160,52 @@ class _Intra(NamedTuple):
     m_qk: torch.Tensor        # M (lower triangular); empty without q     [.., C, C]
 
 
+def _unit_lower_inverse(a: torch.Tensor, block: int = 8) -> torch.Tensor:
+    """(I + a)^-1 for strictly lower triangular a [Bt, C, C]. The diagonal blocks are inverted by row
+    substitution on all blocks at once; the off-diagonal blocks follow by block forward substitution
+    (several times faster than a batched triangular solve for these small matrices)."""
+    bt, c, _ = a.shape
+    block = min(block, c)
+    nb = c // block
+    diag = a.view(bt, nb, block, nb, block).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(-1, block, block)
+    inv_diag = a.new_zeros(bt * nb, block, block)
+    inv_diag[:, 0, 0] = 1.0
+    for r in range(1, block):
+        inv_diag[:, r, :r] = torch.bmm(diag[:, r:r + 1, :r], inv_diag[:, :r, :r]).squeeze(1).neg_()
+        inv_diag[:, r, r] = 1.0
+    inv_diag = inv_diag.view(bt, nb, block, block)
+    out = a.new_zeros(bt, c, c)
+    for i in range(nb):
+        rows = slice(i * block, (i + 1) * block)
+        out[:, rows, rows] = inv_diag[:, i]
+        if i:
+            below = torch.bmm(a[:, rows, :i * block], out[:, :i * block, :i * block])
+            out[:, rows, :i * block] = torch.bmm(inv_diag[:, i], below).neg_()
+    return out
+
+
 def _intra(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
            q: torch.Tensor | None) -> _Intra:
     """All chunks at once: decays, the UT-transform solve, and (when q is given) the output matrices."""
     n, bh, c, kd = k.shape
+    dv = v.shape[-1]
     flat = (n * bh, c)
     gc = g.cumsum(dim=2).view(*flat, kd)
     kf = k.view(*flat, kd)
     grams = _decayed_gram([kf] if q is None else [kf, q.view(*flat, kd)], kf, gc)
     b_col = beta.view(*flat, 1)
     exp_g = _exp_decay(gc)
-    eye = torch.eye(c, dtype=k.dtype).expand(*flat, c)
-    inverse = torch.linalg.solve_triangular(grams[0] * b_col, eye, upper=False, unitriangular=True)
-    w_v = torch.bmm(inverse, v.view(*flat, -1) * b_col)
-    w_k = torch.bmm(inverse, kf * exp_g * b_col)
+    inverse = _unit_lower_inverse(grams[0].mul_(b_col))
+    rhs = kf.new_empty(*flat, dv + kd)
+    torch.mul(v.view(*flat, dv), b_col, out=rhs[..., :dv])
+    torch.mul(kf, exp_g, out=rhs[..., dv:]).mul_(b_col)
+    w_v, w_k = torch.bmm(inverse, rhs).split([dv, kd], dim=-1)
     g_last = gc[:, -1:, :]
     k_tail = kf.new_empty(n * bh, kd, c)
     torch.mul(kf, _exp_decay(g_last - gc), out=k_tail.transpose(-1, -2))
     q_decay = q.view(*flat, kd) * exp_g if q is not None else exp_g.new_empty(0)
     m_qk = grams[1] if q is not None else exp_g.new_empty(0)
-    shaped = [t.view(n, bh, *t.shape[1:]) if t.numel() else t
+    shaped = [t.reshape(n, bh, *t.shape[1:]) if t.numel() else t
               for t in (w_v, w_k, k_tail, _exp_decay(g_last).transpose(-1, -2), q_decay, m_qk)]
     return _Intra(*shaped)
 
