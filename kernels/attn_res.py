@@ -20,6 +20,8 @@ inference:
   (b) `merge_partial`: the partial block's logit is merged into those statistics by online softmax,
       without touching the completed blocks again, and the result is normalized.
 Phase (a) only depends on the completed blocks, so it can be shared by every layer of a block.
+Up to `_DIRECT_ROWS` tokens (decode steps), `direct_phase` instead runs one softmax over all values: the
+two-phase statistics cost more calls than they save there.
 """
 from typing import NamedTuple
 
@@ -32,6 +34,8 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # Tokens are processed in tiles of about this many fp32 values of depth stack, so that the fp32 working
 # copy of bf16 inputs and the temporaries stay in cache.
 _TILE_ELEMENTS = 1 << 20
+# Up to this many rows (B*T) both phases run as one softmax over depth (decode steps).
+_DIRECT_ROWS = 16
 
 
 class DepthStats(NamedTuple):
@@ -119,6 +123,16 @@ def merge_partial(stats: DepthStats, partial: torch.Tensor | None, queries: torc
     return out.addcmul_(value.unsqueeze(0), (new / total).t().unsqueeze(-1))
 
 
+def direct_phase(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
+                 norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Both phases at once for a few rows (decode): one softmax over all N (+1) values; fp32 [S, B*T, D].
+    The two-phase form's extra statistics cost more than they save when B*T is small."""
+    values = (blocks if partial is None else torch.cat([blocks, partial.unsqueeze(0)])).float()
+    logits = _logits(values, _scaled_queries(queries, norm_weight), eps)  # [N(+1), BT, S]
+    weights = torch.softmax(logits, dim=0)
+    return torch.bmm(weights.permute(1, 2, 0), values.transpose(0, 1)).transpose(0, 1)
+
+
 @torch.library.custom_op("ascend_dsa::attn_res", mutates_args=())
 def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
              norm_weight: torch.Tensor | None = None, *, eps: float = 1e-6) -> torch.Tensor:
@@ -127,6 +141,9 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
     n, b, t, d = blocks.shape
     flat_blocks = blocks.reshape(n, b * t, d)
     flat_partial = None if partial is None else partial.reshape(b * t, d)
+    if b * t <= _DIRECT_ROWS and (n > 0 or partial is not None):
+        out = direct_phase(flat_blocks, flat_partial, queries, norm_weight, eps).to(blocks.dtype)
+        return out.reshape(queries.shape[0], b, t, d).contiguous()
     out = blocks.new_empty(queries.shape[0], b * t, d)
     step = max(1, _TILE_ELEMENTS // max(1, (n + 1) * d))
     for start in range(0, b * t, step):

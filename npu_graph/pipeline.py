@@ -4,6 +4,8 @@ A pass is a module in npu_graph.passes with `NAME`, `INFERENCE_ONLY` and `run(gm
 Its `uuid` is the hash of its source, so editing a pass changes every cache key that depends on it.
 canonicalize runs twice: first on the captured graph, then on what the rewrites left (view chains and no-op
 reshapes that the fusion passes' operand layouts create) before streams and SuperKernels are planned.
+eliminate_common_subexpressions runs only after the rewrites: merging repeated nodes earlier would give the
+patterns' intermediate nodes extra users and hide matches.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from npu_graph.passes import (
     absorb_mla,
     assign_streams,
     canonicalize,
+    eliminate_common_subexpressions,
     fuse_add_rms_norm,
     fuse_attention,
     fuse_attn_res,
@@ -49,6 +52,7 @@ PASSES: list[ModuleType] = [
     quantize,
     layout_nz,
     reinplace_input_writes,
+    eliminate_common_subexpressions,
     canonicalize,
     assign_streams,
     partition_superkernels,

@@ -84,6 +84,26 @@ for _fn in (record_event, wait_event, set_stream):
 EVENT_OPS = (record_event, wait_event, set_stream)
 
 
+def drop_host_events(gm: torch.fx.GraphModule) -> int:
+    """Remove the stream and event calls from a graph (and its SuperKernel regions) whose tensors all live on
+    the CPU, where they do nothing but cost a Python call each (~150 per decode step of the reference model).
+    Dynamo guards on devices, so such a graph never sees device tensors. Returns how many were removed."""
+    graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+    values = [n.meta.get("val") for g in graphs for n in g.nodes] + [*gm.parameters(), *gm.buffers()]
+    if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values):
+        return 0
+    removed = 0
+    for graph in graphs:
+        for node in [n for n in graph.nodes if n.op == "call_function" and n.target in EVENT_OPS]:
+            graph.erase_node(node)
+            removed += 1
+    if removed:
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                module.recompile()
+    return removed
+
+
 def stream_of(node: torch.fx.Node) -> int:
     """The stream a node runs on: its meta["stream"], the stream argument of event ops, 0 for inputs."""
     if node.target in (record_event, wait_event, set_stream):

@@ -8,6 +8,9 @@ Rules (each counted in the pass stats):
   not needed for aliasing: neither side is a graph input, a graph output or written in place;
 - `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
 - `double_transpose`: t(t(x)) -> x;
+- `permute_chain`: permute(permute(x, p), q) -> permute(x, p composed with q); a permute that keeps the order
+  of x's non-unit dims and its shape is x itself (`noop_permute`), and a view of such a permute views x
+  directly (`unit_permute_view`): moving size-1 dims does not move any element;
 - `detached_factory`: x.new_full/new_zeros/new_ones/new_empty(size) -> full/zeros/ones/empty(size) with x's
   dtype and device, so that x is no longer needed (a dense score kept alive only to shape a mask dies);
 - `dead_code`: nodes whose results are unused (side-effecting nodes are kept).
@@ -102,6 +105,36 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
     return False
 
 
+def _unit_dims_only(source: object, perm: list[int]) -> bool:
+    """True when permuting `source` by `perm` keeps its non-unit dims in order (only size-1 dims move)."""
+    val = _val(source)
+    if val is None:
+        return False
+    kept = [d for d in perm if not statically_known_true(val.shape[d] == 1)]
+    return kept == sorted(kept)
+
+
+def _collapse_permute(node: torch.fx.Node) -> str | None:
+    """permute(permute(x, p), q) -> permute(x, p∘q); view(unit-dim permute(x), s) -> view(x, s)."""
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source.target != aten.permute.default:
+        return None
+    inner = list(source.args[1])
+    if node.target == aten.permute.default:
+        node.args = (source.args[0], [inner[d % len(inner)] for d in node.args[1]])
+        return "permute_chain"
+    if node.target in _VIEWS and _unit_dims_only(source.args[0], [d % len(inner) for d in inner]):
+        node.args = (source.args[0], *node.args[1:])
+        return "unit_permute_view"
+    return None
+
+
+def _noop_permute(node: torch.fx.Node) -> bool:
+    if node.target != aten.permute.default or not _same_tensor_type(node, node.args[0]):
+        return False
+    return _unit_dims_only(node.args[0], [d % len(node.args[1]) for d in node.args[1]])
+
+
 def _detach_factory(node: torch.fx.Node) -> bool:
     """x.new_full/new_zeros/new_ones/new_empty(size, ...) -> full/zeros/ones/empty(size, dtype, device of x)."""
     factory = _FACTORIES.get(node.target)
@@ -124,6 +157,13 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
             continue
         if _collapse_view_chain(node):
             counts["view_chain"] += 1
+        collapsed = _collapse_permute(node)
+        if collapsed:
+            counts[collapsed] += 1
+        if _noop_permute(node):
+            node.replace_all_uses_with(node.args[0])
+            counts["noop_permute"] += 1
+            continue
         if _detach_factory(node):
             counts["detached_factory"] += 1
             continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch.fx
 
-from npu_graph import superkernel
+from npu_graph import streams, superkernel
 from npu_graph.hoist import split_prologue
 from npu_graph.runtime import CompiledGraph
 
@@ -27,7 +27,9 @@ def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
 def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
     function that the runtime runs once per parameter version (npu_graph.hoist). SuperKernel regions are
-    opened for hoisting and closed again, then each becomes a function `superkernel_N` of the source."""
+    opened for hoisting and closed again, then each becomes a function `superkernel_N` of the source.
+    Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
+    streams.drop_host_events(gm)
     prologue, used = None, []
     if param_indices:
         superkernel.inline(gm)

@@ -35,9 +35,11 @@ def assert_matches_reference(blocks, partial, queries, weight, eps=1e-6, tol=Non
 @pytest.mark.parametrize("with_partial", [True, False])
 @pytest.mark.parametrize("with_weight", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_matches_reference(n, b, t, d, s, with_partial, with_weight, dtype):
+@pytest.mark.parametrize("direct_rows", [0, 1 << 30], ids=["two_phase", "direct"])
+def test_fast_matches_reference(n, b, t, d, s, with_partial, with_weight, dtype, direct_rows, monkeypatch):
     if n == 0 and not with_partial:
         pytest.skip("nothing to attend over")
+    monkeypatch.setattr(attn_res_module, "_DIRECT_ROWS", direct_rows)
     blocks, partial, queries, weight = make_inputs(n, b, t, d, s, dtype=dtype)
     assert_matches_reference(blocks, partial if with_partial else None, queries, weight if with_weight else None)
 

@@ -28,7 +28,9 @@ def assert_matches_reference(x, gamma, epsilon=1e-6):
 @pytest.mark.parametrize(("shape", "gamma_shape"), [((4, 64), (64,)), ((2, 3, 128), (128,)), ((2, 3, 128), (3, 128)),
                                                     ((1, 1, 7), (7,)), ((5, 1), (1,)), ((0, 32), (32,)),
                                                     ((70, 512), (512,))])
-def test_fast_matches_reference(dtype, shape, gamma_shape):
+@pytest.mark.parametrize("few_rows_elems", [0, 1 << 30], ids=["blocked", "few_rows"])
+def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, monkeypatch):
+    monkeypatch.setattr(rms_module, "FEW_ROWS_ELEMS", few_rows_elems)
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     gamma = (torch.rand(gamma_shape, generator=g) + 0.5).to(dtype)
@@ -128,6 +130,7 @@ def test_inside_torch_compile_with_dynamic_shapes():
 
 
 def test_results_do_not_depend_on_the_row_block_size(monkeypatch):
+    monkeypatch.setattr(rms_module, "FEW_ROWS_ELEMS", 0)
     x1, x2 = torch.randn(37, 96).bfloat16(), torch.randn(37, 96).bfloat16()
     gamma = torch.rand(96).bfloat16()
     whole = (*OPS.rms_norm(x1, gamma), *OPS.add_rms_norm(x1, x2, gamma))

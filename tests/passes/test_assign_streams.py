@@ -11,7 +11,7 @@ from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.passes import assign_streams
 from npu_graph.passes.stream_deps import dependencies
 from npu_graph.passes.stream_prologs import prolog_plans
-from npu_graph.streams import record_event, stream_of, unordered_uses, wait_event
+from npu_graph.streams import drop_host_events, record_event, stream_of, unordered_uses, wait_event
 
 aten = torch.ops.aten
 
@@ -125,3 +125,23 @@ def test_in_place_write_orders_readers_before_and_after():
     deps = dependencies(graph)
     assert read in deps[write] and view in deps[write]
     assert write in deps[after]
+
+
+def test_cpu_lowering_drops_the_events_of_a_host_graph(monkeypatch, tmp_path):
+    out, _, gm, _ = compile_watched(monkeypatch, two_chains, chain_args(), {"streams": 3, "dump_dir": str(tmp_path)})
+    assert any(n.target is record_event for n in gm.graph.nodes)
+    source = next(tmp_path.glob("*/compiled.py")).read_text()
+    assert "record_event" not in source and "wait_event" not in source
+    assert torch.equal(out, two_chains(*chain_args()))
+
+
+def test_events_stay_when_a_tensor_lives_on_a_device():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, device="meta")
+    graph.call_function(record_event, (0, 0, x))
+    graph.output(x)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert drop_host_events(gm) == 0
+    x.meta["val"] = torch.empty(2)
+    assert drop_host_events(gm) == 1 and not any(n.target is record_event for n in gm.graph.nodes)

@@ -117,3 +117,20 @@ def test_second_run_cleans_up_after_the_fusion_passes(monkeypatch):
     assert last.get("view_chain", 0) > 0
     views = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
     assert not [n for n in nodes if n.target in views and getattr(n.args[0], "target", None) in views]
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_permute_chains_compose_and_unit_dim_permutes_vanish(mode):
+    def fn(x, y):
+        twice = x.permute(2, 0, 1).permute(1, 2, 0)               # identity overall
+        moved = y.unsqueeze(0).unsqueeze(0).permute(1, 2, 0, 3)  # only size-1 dims move
+        return twice * 2, moved.reshape(y.shape[0], -1) + 1, x.permute(1, 0, 2).permute(0, 2, 1) - 1
+
+    gm, stats = run_pass(fn, torch.randn(2, 3, 4), torch.randn(5, 6), mode=mode)
+    assert stats["permute_chain"] >= 2 and stats["noop_permute"] >= 1
+    assert sum(1 for n in gm.graph.nodes if n.target == aten.permute.default) == 1
+
+
+def test_permute_that_moves_data_is_kept_before_a_view():
+    gm, stats = run_pass(lambda x: x.permute(1, 0).reshape(-1) + 1, torch.randn(3, 4))
+    assert "unit_permute_view" not in stats and aten.permute.default in targets(gm)
