@@ -279,12 +279,16 @@ class KeyReader:
             return self.dequant(native, self._range(self.scale, b, start, end))
         return _as_float(native, self.name + "/range")
 
-    def float_rows(self, b: int, positions: Tensor) -> Tensor:
+    def rows(self, b: int, positions: Tensor) -> tuple[Tensor | None, Tensor]:
+        """(the stored rows at `positions`, or None for scaled fp8 rows; the same rows in fp32)."""
         if self.scale is not None:
-            return self.dequant(self._rows(self.key, b, positions), self._rows(self.scale, b, positions))
+            return None, self.dequant(self._rows(self.key, b, positions), self._rows(self.scale, b, positions))
         shape = (positions.numel(), self.key.shape[-1])
         native = self._rows(self.key, b, positions, out=scratch(self.name + "/rows", shape, self.key.dtype))
-        return _as_float(native, self.name + "/rows_f32")
+        return native, _as_float(native, self.name + "/rows_f32")
+
+    def float_rows(self, b: int, positions: Tensor) -> Tensor:
+        return self.rows(b, positions)[1]
 
 
 def _pad_topk(scores: Tensor, positions: Tensor, k: int) -> tuple[Tensor, Tensor]:

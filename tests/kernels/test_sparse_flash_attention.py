@@ -62,7 +62,9 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(case, dtype):
+@pytest.mark.parametrize("bf16_pv_min", [0, 1 << 62], ids=["bf16_pv", "fp32_pv"])
+def test_matches_reference(case, dtype, bf16_pv_min, monkeypatch):
+    monkeypatch.setattr(sfa, "BF16_PV_MIN_ELEMS", bf16_pv_min)
     batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
     q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype)
     idx = random_indices(batch, s1, s2 // block, k, pad=pad)
@@ -158,13 +160,16 @@ def test_inputs_are_not_modified():
         assert torch.equal(t, c)
 
 
-def test_value_distinct_from_key():
-    q, kv, qr, kr = make_inputs(2, 3, 4, 32, 8, 60, seed=8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_value_distinct_from_key(dtype, monkeypatch):
+    monkeypatch.setattr(sfa, "BF16_PV_MIN_ELEMS", 0)
+    q, kv, qr, kr = make_inputs(2, 3, 4, 32, 8, 60, dtype=dtype, seed=8)
     value = torch.randn_like(kv)
     idx = random_indices(2, 3, 60, 20, seed=9, pad=2)
     got = OP(q, kv, value, idx, 0.2, query_rope=qr, key_rope=kr)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert_outputs_close(got, sfa.reference_sparse_flash_attention(q, kv, value, idx, 0.2, query_rope=qr,
-                                                                   key_rope=kr))
+                                                                   key_rope=kr), atol=tol, rtol=tol)
 
 
 def test_fp8_kv_equals_dequantized():
