@@ -261,7 +261,7 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, pos
     if _bf16_values(v_native, out_dtype):
         out = torch.mm(probs.div(row_sum).to(torch.bfloat16), v_native)
     else:
-        out = torch.mm(probs, v).div_(row_sum)
+        out = linear(probs, v.t()).div_(row_sum)  # oneDNN takes the transposed view as is: ~1.5x torch.mm
     return out, row_max.squeeze(1), row_sum.squeeze(1)
 
 
