@@ -35,8 +35,9 @@ Fast CPU path, one query token at a time: its valid positions are listed, the ro
 index_select straight from the BSND tensor or the paged cache and converted to fp32 into per-thread scratch
 buffers (once for key and value when they are the same tensor), and two GEMMs over all heads do the logits
 (the rope part as its own small GEMM, no concatenation; scale_value folded into the query) and the output.
-The output GEMM takes the stored bf16 rows directly when query and value are bf16 and the rows are many
-(BF16_PV_MIN_ELEMS): the probabilities are normalized in fp32 and rounded to bf16 once.
+The output GEMM takes the stored bf16 rows directly when query and value are bf16, the rows are many
+(BF16_PV_MIN_ELEMS) and the CPU has native bf16 dot products (AVX512-BF16): the probabilities are
+normalized in fp32 and rounded to bf16 once.
 """
 from typing import NamedTuple
 
@@ -51,6 +52,7 @@ from npu_graph.kernels.checks import (
     require_same,
 )
 from npu_graph.kernels.lightning_indexer import (
+    ONEDNN_BF16,
     KeyReader,
     check_dtype,
     check_key_layout,
@@ -235,10 +237,11 @@ def _row_positions(indices: Tensor, block: int, limit: int) -> Tensor:
 
 
 def _bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:
-    """P·V may run as a bf16 GEMM (fp32 accumulation): stored bf16 values, a bf16 output anyway, and enough
-    work for oneDNN's bf16 kernel to beat fp32 on AVX2 (measured ~2x at 2048 x 512, slower when small)."""
-    return (values is not None and values.dtype == torch.bfloat16 and out_dtype == torch.bfloat16
-            and values.numel() >= BF16_PV_MIN_ELEMS)
+    """P·V may run as a bf16 GEMM (fp32 accumulation): a CPU with native bf16 dot products (AVX512-BF16;
+    without them oneDNN emulates bf16 and is slower than fp32), stored bf16 values, a bf16 output anyway, and
+    enough work (measured ~2x fp32 at 2048 x 512 on an AVX512-BF16 EPYC, slower below ~256 x 512)."""
+    return (ONEDNN_BF16 and values is not None and values.dtype == torch.bfloat16
+            and out_dtype == torch.bfloat16 and values.numel() >= BF16_PV_MIN_ELEMS)
 
 
 def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, positions: Tensor,
