@@ -16,7 +16,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="compile the reference model on CPU and show what the compiler did")
     demo.add_argument("--config", default="small", help="reference model config (tiny, small)")
     demo.add_argument("--prompt-len", type=int, default=512, help="prefill length")
-    demo.add_argument("--steps", type=int, default=8, help="decode steps")
+    demo.add_argument("--steps", type=int, default=16, help="decode steps")
     demo.add_argument("--dump-dir", default=None, help="dump folder (default: a new temporary folder)")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")

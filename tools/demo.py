@@ -31,21 +31,27 @@ class Run:
     decode_s: list[float] = field(default_factory=list)
 
 
-def generate(model: Any, ids: torch.Tensor, steps: int, cache: Any) -> Run:
-    run, token = Run(), ids
+def generate_side_by_side(models: dict[str, Any], ids: torch.Tensor, steps: int,
+                          caches: dict[str, Any]) -> dict[str, Run]:
+    """Prefill + greedy decode of every model in lockstep, each on its own cache and its own greedy tokens:
+    each step runs all models one after the other, so machine noise shifts their latencies alike."""
+    runs = {name: Run() for name in models}
+    tokens = dict.fromkeys(models, ids)
     with torch.no_grad():
         for step in range(steps + 1):
-            start = time.perf_counter()
-            logits = model(token, cache)[:, -1]
-            elapsed = time.perf_counter() - start
-            if step == 0:
-                run.prefill_s = elapsed
-            else:
-                run.decode_s.append(elapsed)
-            run.logits.append(logits)
-            token = logits.argmax(-1, keepdim=True)
-            run.tokens.append(int(token[0, 0]))
-    return run
+            for name, model in models.items():
+                start = time.perf_counter()
+                logits = model(tokens[name], caches[name])[:, -1]
+                elapsed = time.perf_counter() - start
+                run = runs[name]
+                if step == 0:
+                    run.prefill_s = elapsed
+                else:
+                    run.decode_s.append(elapsed)
+                run.logits.append(logits)
+                tokens[name] = logits.argmax(-1, keepdim=True)
+                run.tokens.append(int(tokens[name][0, 0]))
+    return runs
 
 
 def _graphs_table(reports: list[GraphReport]) -> Table:
@@ -98,12 +104,13 @@ def run_demo(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     model = HybridLM(HybridConfig.named(args.config)).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    with console.status("running eagerly ..."):
-        eager = generate(model, ids, args.steps, model.new_cache(1))
     backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
-    with console.status("compiling with ascend_dsa and running (prefill + decode graphs) ..."):
-        compiled = generate(torch.compile(model, backend=backend), ids, args.steps, model.new_cache(1))
+    models = {"eager": model, "compiled": torch.compile(model, backend=backend)}
+    with console.status("running eager and compiled side by side (first calls compile the prefill and decode "
+                        "graphs) ..."):
+        runs = generate_side_by_side(models, ids, args.steps, {name: model.new_cache(1) for name in models})
+    eager, compiled = runs["eager"], runs["compiled"]
     reports = backend.reports[before:]
     results = _results(eager, compiled, reports, dump_dir)
     results["html_report"] = write_html_report(dump_dir, os.path.join(dump_dir, "report.html"))
