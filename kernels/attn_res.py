@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same
+from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "attn_res"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -137,7 +137,8 @@ def direct_phase(blocks: torch.Tensor, partial: torch.Tensor | None, queries: to
 def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
              norm_weight: torch.Tensor | None = None, *, eps: float = 1e-6) -> torch.Tensor:
     """Block AttnRes over depth; see the module docstring."""
-    _validate(blocks, partial, queries, norm_weight)
+    if static_checks_needed():
+        _validate(blocks, partial, queries, norm_weight)
     n, b, t, d = blocks.shape
     flat_blocks = blocks.reshape(n, b * t, d)
     flat_partial = None if partial is None else partial.reshape(b * t, d)

@@ -1,13 +1,36 @@
 """Input validation shared by the fused operators: each check raises ValueError naming the argument,
 what was given and what is expected, so a user can fix the call without reading kernel code."""
-from collections.abc import Iterable
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
 
 import torch
+
+_STATE = threading.local()
 
 
 class FusedPreconditionError(ValueError):
     """A fused op found at run time that its inputs break a condition the fusion relied on (e.g. a mask
     that is not causal). The backend catches it and runs that graph eagerly from then on."""
+
+
+@contextlib.contextmanager
+def shapes_checked_at_trace() -> Iterator[None]:
+    """Inside, the fused ops skip their static argument checks (ranks, dtypes, layouts, shape relations).
+    A compiled graph runs inside it: its fake implementations made those checks when the graph was traced,
+    and Dynamo's guards keep them true for every call. Checks on data (index ranges, block tables, a
+    mask's form) still run. Saves ~0.4 ms of Python per decode step of the reference model."""
+    previous = getattr(_STATE, "trusted", False)
+    _STATE.trusted = True
+    try:
+        yield
+    finally:
+        _STATE.trusted = previous
+
+
+def static_checks_needed() -> bool:
+    """False inside `shapes_checked_at_trace`: the call comes from a traced, guarded graph."""
+    return not getattr(_STATE, "trusted", False)
 
 
 def require(condition: bool, message: str) -> None:

@@ -31,7 +31,14 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels.checks import require, require_dtype, require_positive, require_rank, require_same
+from npu_graph.kernels.checks import (
+    require,
+    require_dtype,
+    require_positive,
+    require_rank,
+    require_same,
+    static_checks_needed,
+)
 
 OP = "chunk_kda"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -249,7 +256,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               scale: float | None = None, initial_state: torch.Tensor | None = None, *,
               output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA over a whole sequence; see the module docstring for the recurrence and layouts."""
-    _validate(q, k, v, g, beta, initial_state, chunk_size)
+    if static_checks_needed():
+        _validate(q, k, v, g, beta, initial_state, chunk_size)
     return _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
 
 

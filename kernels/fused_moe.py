@@ -17,7 +17,7 @@ to fp32 would cost more than the GEMM itself.
 import torch
 import torch.nn.functional as F
 
-from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same
+from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "fused_moe"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -97,7 +97,8 @@ def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
     """Routed SwiGLU experts in one op; see the module docstring."""
-    _validate(x, w13, w2, topk_weights, topk_ids)
+    if static_checks_needed():
+        _validate(x, w13, w2, topk_weights, topk_ids)
     _check_ids(topk_ids, w13.shape[0])
     return _fused_moe_cpu(x, w13, w2, topk_weights, topk_ids)
 

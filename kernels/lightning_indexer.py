@@ -52,6 +52,7 @@ from npu_graph.kernels.checks import (
     require_positive,
     require_rank,
     require_same,
+    static_checks_needed,
 )
 
 OP = "lightning_indexer"
@@ -463,8 +464,9 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
                       sparse_mode: int = 3, return_value: bool = False) -> tuple[Tensor, Tensor]:
     """Top-`sparse_count` key positions per query token; see the module docstring. Returns
     (sparse_indices int32 [B,S1,1,K], sparse_values fp32 [B,S1,1,K])."""
-    _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
-                  query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
+    if static_checks_needed():
+        _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                      query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
     return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
                                   block_table, query_scale, key_scale, sparse_count, sparse_mode)
 

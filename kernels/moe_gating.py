@@ -29,6 +29,7 @@ from npu_graph.kernels.checks import (
     require_positive,
     require_rank,
     require_same,
+    static_checks_needed,
 )
 
 OP = "moe_gating_top_k"
@@ -134,7 +135,8 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
                      out_flag: bool = False, routed_scaling_factor: float = 1.0,
                      eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router top-k; see the module docstring for the semantics."""
-    _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
+    if static_checks_needed():
+        _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
     norm = _normalize(x, norm_type)
     score = norm if bias is None else norm + bias.float()
     if group_count > 1:

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import require, require_dtype, require_same
+from npu_graph.kernels.checks import require, require_dtype, require_same, static_checks_needed
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHUNK_ELEMS = 1 << 20
@@ -87,7 +87,8 @@ def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Te
 @torch.library.custom_op("ascend_dsa::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     """RMSNorm over gamma's trailing dimensions: returns (y in x's dtype, rstd fp32 with those dims as 1)."""
-    _check("rms_norm", x, gamma, epsilon)
+    if static_checks_needed():
+        _check("rms_norm", x, gamma, epsilon)
     return _rms_norm_rows(x, gamma, epsilon)
 
 
@@ -114,7 +115,8 @@ def _check_add(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> None:
 @torch.library.custom_op("ascend_dsa::add_rms_norm", mutates_args=())
 def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
     """x = x1 + x2, then RMSNorm of x: returns (y, rstd, x)."""
-    _check_add(x1, x2, gamma, epsilon)
+    if static_checks_needed():
+        _check_add(x1, x2, gamma, epsilon)
     if x1.numel() <= FEW_ROWS_ELEMS:
         x = x1 + x2
         return (*_rms_norm_few_rows(x, gamma, epsilon), x)

@@ -50,6 +50,7 @@ from npu_graph.kernels.checks import (
     require_positive,
     require_rank,
     require_same,
+    static_checks_needed,
 )
 from npu_graph.kernels.lightning_indexer import (
     ONEDNN_BF16,
@@ -305,9 +306,10 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Attention over the selected KV rows; see the module docstring. Returns (attention_out [B,S1,N1,Dl]
     in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum fp32 [B,S1,N1])."""
-    _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
-                  query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
-                  sparse_mode)
+    if static_checks_needed():
+        _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
+                      actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
+                      layout_query, layout_kv, sparse_mode)
     return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
                                        actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
                                        key_scale, value_scale, sparse_block_size, sparse_mode)

@@ -3,8 +3,10 @@
 The generated source calls `torch.ops.ascend_dsa.<op>.default(...)`. Going through torch.library's dispatcher
 costs ~20-35 µs a call (autograd wrapper, redispatch, schema checks), which decode-sized tensors do not
 amortize: a decode step calls ~40 fused ops. When the runtime builds a CompiledGraph it binds each such call
-to the op's own Python implementation instead: the same function the dispatcher ends up in, with the same
-argument checks, so results are identical. The stored source (and the cache) keep the `torch.ops` form.
+to the op's own Python implementation instead: the same function the dispatcher ends up in, so results are
+identical. (The runtime runs the graph inside `kernels.checks.shapes_checked_at_trace`, so the ops skip the
+static argument checks their fake implementations made at trace time.) The stored source (and the cache)
+keep the `torch.ops` form.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from npu_graph.direct_calls import bind_direct_calls
+from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.superkernel import bind_regions
 
 
@@ -63,6 +64,7 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> Any:
         inputs = list(args)
         args.clear()
-        if self._prologue is None:
-            return self._forward(self._self, *inputs)
-        return self._forward(self._self, *inputs, *self._hoisted_values(inputs))
+        with shapes_checked_at_trace():
+            if self._prologue is None:
+                return self._forward(self._self, *inputs)
+            return self._forward(self._self, *inputs, *self._hoisted_values(inputs))

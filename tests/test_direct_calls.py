@@ -1,4 +1,5 @@
 """The CPU runtime calls fused ops' implementations directly (no dispatcher), with identical results."""
+import pytest
 import torch
 
 import npu_graph
@@ -29,3 +30,30 @@ def test_compiled_graph_runs_direct_calls_with_identical_results():
         direct = torch.ops.ascend_dsa.add_rms_norm.default(x, y, gamma, 1e-6)
     assert backend.reports[-1].fused_ops == {"add_rms_norm": 1}
     assert torch.equal(out, direct[0])
+
+
+def test_static_checks_are_skipped_only_inside_a_compiled_graph(monkeypatch):
+    from npu_graph.kernels import checks
+    from npu_graph.kernels import rms_norm as rms_module
+
+    calls = []
+    monkeypatch.setattr(rms_module, "_check", lambda *a: calls.append(a))
+    x, gamma = torch.randn(2, 8), torch.rand(8)
+    torch.ops.ascend_dsa.rms_norm(x, gamma)
+    assert len(calls) == 1
+    with checks.shapes_checked_at_trace():
+        torch.ops.ascend_dsa.rms_norm(x, gamma)
+        assert not checks.static_checks_needed()
+    assert len(calls) == 1 and checks.static_checks_needed()
+
+
+def test_data_checks_still_run_in_compiled_graphs():
+    def route(x, w13, w2, weights, ids):
+        return torch.ops.ascend_dsa.fused_moe(x, w13, w2, weights, ids)
+
+    args = (torch.randn(2, 8), torch.randn(4, 6, 8), torch.randn(4, 8, 3), torch.rand(2, 1),
+            torch.tensor([[0], [1]], dtype=torch.int32))
+    compiled = torch.compile(route, backend=npu_graph.get_backend({"cache": False, "strict": True}))
+    compiled(*args)
+    with pytest.raises(ValueError, match="topk_ids"):
+        compiled(*args[:4], torch.tensor([[0], [9]], dtype=torch.int32))
