@@ -53,6 +53,9 @@ def test_an_expert_picked_twice_counts_twice():
     single = OPS.fused_moe(x, w13, w2, weights.sum(-1, keepdim=True), ids[:, :1])
     torch.testing.assert_close(out[[0, 2]], single[[0, 2]])
     assert_matches_reference(x, w13, w2, weights, ids)
+    one_token = OPS.fused_moe(x[:1], w13, w2, weights[:1], ids[:1])       # the decode path
+    torch.testing.assert_close(one_token, single[:1])
+    assert_matches_reference(x[:1], w13, w2, weights[:1], ids[:1])
 
 
 def test_bf16_routing_weights():
