@@ -36,7 +36,7 @@ index_select straight from the BSND tensor or the paged cache and converted to f
 buffers (once for key and value when they are the same tensor), and two GEMMs over all heads do the logits
 (the rope part as its own small GEMM, no concatenation; scale_value folded into the query) and the output.
 The output GEMM takes the stored bf16 rows directly when query and value are bf16, the rows are many
-(BF16_PV_MIN_ELEMS) and the CPU has native bf16 dot products (AVX512-BF16): the probabilities are
+(LARGE_PV_ELEMS) and the CPU has native bf16 dot products (AVX512-BF16): the probabilities are
 normalized in fp32 and rounded to bf16 once.
 """
 from typing import NamedTuple
@@ -65,8 +65,10 @@ from npu_graph.kernels.lightning_indexer import (
 )
 
 OP = "sparse_flash_attention"
-# Gathered value rows x latent dim from which P·V runs as a bf16 GEMM (see _bf16_values).
-BF16_PV_MIN_ELEMS = 1 << 17
+# Gathered value rows x latent dim from which P·V goes through oneDNN (bf16 where _bf16_values allows, else
+# fp32 linear on the transposed view, ~1.5x torch.mm at 2048 rows); below it torch.mm's ~18 us lower call
+# overhead wins (measured equal at 256 x 512).
+LARGE_PV_ELEMS = 1 << 17
 LAYOUTS_QUERY = ("BSND",)
 LAYOUTS_KV = ("BSND", "PA_BSND")
 SPARSE_MODES = (0, 3)
@@ -238,11 +240,11 @@ def _row_positions(indices: Tensor, block: int, limit: int) -> Tensor:
 
 
 def _bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:
-    """P·V may run as a bf16 GEMM (fp32 accumulation): a CPU with native bf16 dot products (AVX512-BF16;
-    without them oneDNN emulates bf16 and is slower than fp32), stored bf16 values, a bf16 output anyway, and
-    enough work (measured ~2x fp32 at 2048 x 512 on an AVX512-BF16 EPYC, slower below ~256 x 512)."""
+    """A large P·V may run as a bf16 GEMM (fp32 accumulation): a CPU with native bf16 dot products
+    (AVX512-BF16; without them oneDNN emulates bf16 and is slower than fp32), stored bf16 values and a bf16
+    output anyway. Measured ~2x fp32 at 2048 x 512 on an AVX512-BF16 EPYC, slower below ~256 x 512."""
     return (ONEDNN_BF16 and values is not None and values.dtype == torch.bfloat16
-            and out_dtype == torch.bfloat16 and values.numel() >= BF16_PV_MIN_ELEMS)
+            and out_dtype == torch.bfloat16)
 
 
 def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, positions: Tensor,
@@ -262,10 +264,12 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, pos
     row_max = logits.amax(1, keepdim=True)
     probs = logits.sub_(row_max).exp_()
     row_sum = probs.sum(1, keepdim=True)
-    if _bf16_values(v_native, out_dtype):
+    if v.numel() < LARGE_PV_ELEMS:
+        out = torch.mm(probs, v).div_(row_sum)
+    elif _bf16_values(v_native, out_dtype):
         out = torch.mm(probs.div(row_sum).to(torch.bfloat16), v_native)
     else:
-        out = linear(probs, v.t()).div_(row_sum)  # oneDNN takes the transposed view as is: ~1.5x torch.mm
+        out = linear(probs, v.t()).div_(row_sum)  # oneDNN takes the transposed view as is
     return out, row_max.squeeze(1), row_sum.squeeze(1)
 
 

@@ -62,9 +62,9 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("bf16_pv_min", [0, 1 << 62], ids=["bf16_pv", "fp32_pv"])
-def test_matches_reference(case, dtype, bf16_pv_min, monkeypatch):
-    monkeypatch.setattr(sfa, "BF16_PV_MIN_ELEMS", bf16_pv_min)
+@pytest.mark.parametrize("large_pv_elems", [0, 1 << 62], ids=["onednn_pv", "mm_pv"])
+def test_matches_reference(case, dtype, large_pv_elems, monkeypatch):
+    monkeypatch.setattr(sfa, "LARGE_PV_ELEMS", large_pv_elems)
     monkeypatch.setattr(sfa, "ONEDNN_BF16", True)   # the bf16 path is checked on any CPU, however slow
     batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
     q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype)
@@ -163,7 +163,7 @@ def test_inputs_are_not_modified():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_value_distinct_from_key(dtype, monkeypatch):
-    monkeypatch.setattr(sfa, "BF16_PV_MIN_ELEMS", 0)
+    monkeypatch.setattr(sfa, "LARGE_PV_ELEMS", 0)
     monkeypatch.setattr(sfa, "ONEDNN_BF16", True)
     q, kv, qr, kr = make_inputs(2, 3, 4, 32, 8, 60, dtype=dtype, seed=8)
     value = torch.randn_like(kv)
