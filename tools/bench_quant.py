@@ -15,7 +15,7 @@ import torch
 from npu_graph.cpu_gemm_profile import measure
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
-from npu_graph.tools.quant_accuracy import measure_accuracy
+from npu_graph.tools.quant_accuracy import ablation_rows, measure_accuracy
 from npu_graph.tools.timing import time_side_by_side
 
 CONFIG = "small"
@@ -74,12 +74,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = HybridLM(HybridConfig.named(CONFIG)).eval()
     accuracy = measure_accuracy(CONFIG, 272, 8 if args.quick else 32)
-    rows = [*cache_rows(), {"case": "accuracy dsa vs none", **accuracy}, *gemm_rows(model, 20 if args.quick else 50),
-            decode_row(model, repeat)]
+    ablations = ablation_rows(HybridConfig.named(CONFIG), 272, 8 if args.quick else 32)
+    rows = [*cache_rows(), {"case": "accuracy dsa vs none", **accuracy}, *ablations,
+            *gemm_rows(model, 20 if args.quick else 50), decode_row(model, repeat)]
     notes = ["accuracy: quant='dsa' on a kv_dtype=float8_e4m3fn cache vs quant='none' on a float32 cache; op "
              "figures compare calls made while both runs had been fed the same tokens; op_attention_cosine_min is "
              "sparse attention alone: the float run's calls rerun on identical inputs with the KV in FP8 block-128",
              "targets: cache ratios <= 0.52 (latent, index_k), recall >= 0.95, attention cosine >= 0.999, "
              "logits cosine >= 0.995, 32 identical greedy steps, layout speedup >= 1.2",
+             "ablations: one part of the policy alone, and a BF16 cache with no quantization (this model's "
+             "sensitivity to rounding alone)",
              "timings are medians of side-by-side rounds on a shared machine: noisy"]
     return {"suite": "quant", "rows": rows, "notes": notes}

@@ -119,3 +119,26 @@ def measure_accuracy(config_name: str, prompt_len: int, steps: int) -> dict[str,
             "logits_cosine": _cosine(ref_logits, logits), "greedy_identical_steps": same,
             "indexer_recall": hits / max(valid, 1), "attention_cosine_min": min(attention, default=float("nan")),
             "attention_cosine_mean": sum(attention) / max(len(attention), 1), "compared_calls": len(attention)}
+
+
+ABLATIONS = {  # name: (compile options, cache dtype), each against quant="none" on a float32 cache
+    "kv fp8 only": ({"quant.kv": "fp8_block128"}, torch.float8_e4m3fn),
+    "indexer mxfp8 only": ({"quant.indexer": "mxfp8"}, torch.float32),
+    "bf16 cache, no quantization": ({"quant": "none"}, torch.bfloat16),
+}
+
+
+def ablation_rows(config: HybridConfig, prompt_len: int, steps: int) -> list[dict[str, Any]]:
+    """Logits cosine and identical greedy steps of each part of the policy alone, and of a BF16 cache with no
+    quantization at all: how much of the error each part brings, and how far this model amplifies rounding."""
+    torch.manual_seed(0)
+    model = HybridLM(config).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    ref_logits, ref_tokens, _ = _run(model, prompt, steps, {"quant": "none"}, torch.float32)
+    rows = []
+    for name, (options, kv_dtype) in ABLATIONS.items():
+        logits, tokens, _ = _run(model, prompt, steps, options, kv_dtype)
+        same = int((ref_tokens == tokens).int().cumprod(dim=1).sum().item())
+        rows.append({"case": f"accuracy ablation: {name}", "logits_cosine": _cosine(ref_logits, logits),
+                     "greedy_identical_steps": same, "decode_steps": steps})
+    return rows

@@ -1,11 +1,20 @@
 """bench quant: the suite is registered, its cache rows meet the size targets, the GEMM table holds every form,
 and the fused-call recorder sees the ops it compares."""
+import dataclasses
+
 import torch
 
 from npu_graph.cpu_gemm_profile import measure
+from npu_graph.models.hybrid import HybridConfig
 from npu_graph.tools import bench_quant
 from npu_graph.tools.bench import SUITES
-from npu_graph.tools.quant_accuracy import _recall, fp8_kv_attention_cosines, record_fused_calls
+from npu_graph.tools.quant_accuracy import (
+    ABLATIONS,
+    _recall,
+    ablation_rows,
+    fp8_kv_attention_cosines,
+    record_fused_calls,
+)
 
 
 def test_suite_is_registered() -> None:
@@ -46,3 +55,12 @@ def test_fp8_kv_attention_rerun_on_identical_inputs() -> None:
     assert args[1] is args[2] and args[1] is not kv and torch.equal(args[1], kv)
     (cosine,) = fp8_kv_attention_cosines(calls["attention_args"])
     assert 0.999 < cosine < 1.0
+
+
+def test_ablations_split_the_error_and_show_the_rounding_floor() -> None:
+    config = dataclasses.replace(HybridConfig.named("tiny"), kv_lora_rank=128)   # an FP8 cache needs 128
+    rows = {r["case"].removeprefix("accuracy ablation: "): r for r in ablation_rows(config, 40, 2)}
+    assert set(rows) == set(ABLATIONS)
+    for row in rows.values():
+        assert 0.9 < row["logits_cosine"] <= 1.0 + 1e-9 and 0 <= row["greedy_identical_steps"] <= 2
+    assert rows["bf16 cache, no quantization"]["logits_cosine"] > rows["kv fp8 only"]["logits_cosine"]
