@@ -28,7 +28,8 @@ keys as keep the chunk's [keys, rows·N1] scores within SCORE_BUDGET elements) t
 dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a matvec with the
 weights per row, and merged into a running top-K: score memory is bounded by SCORE_BUDGET whatever the
 context length (a decode row's 16 heads × 16K keys fit in one chunk; a prefill block's do not).
-Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) take a prefilter instead:
+Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) on a CPU with native bf16 dot
+products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take a prefilter instead:
 one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16, unit roundoff
 u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j |w_j|·ReLU(q_j·k).
 Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd (3u·Bnd) from the
@@ -73,6 +74,7 @@ MARGIN_BF16_WEIGHTS = 2.1 * 2.0 ** -8     # e / Σ|w|·ReLU(q·k): 2u (+ slack) 
 MARGIN_ROUNDED_WEIGHTS = 3.1 * 2.0 ** -8  # 3u (+ slack) when the weights are rounded to bf16 as well
 ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 ONEDNN_BF16 = ONEDNN_LINEAR and torch.cpu._is_avx512_bf16_supported()
+BF16_PREFILTER = ONEDNN_BF16   # decode rows of bf16 inputs take the bf16 prefilter (module docstring)
 _SCRATCH = threading.local()
 _E4M3_F16_MASK = -16512   # int16 0xBF80: sign and the 7 magnitude bits of an e4m3 byte shifted left by 7
 
@@ -444,7 +446,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                               actual_seq_lengths_key, "actual_seq_lengths_key")
     keys = KeyReader(key, key_scale, block_table)
     w = weights.float()
-    prefilter = query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
+    prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
