@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.stream_deps import root, written_roots
 
 NAME = "eliminate_common_subexpressions"
 INFERENCE_ONLY = False
@@ -32,37 +33,18 @@ def _schema(node: torch.fx.Node) -> torch._C.FunctionSchema | None:
     return target._schema if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) else None
 
 
-def _returns_alias(node: torch.fx.Node) -> bool:
-    schema = _schema(node)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)
-
-
-def alias_root(node: torch.fx.Node) -> torch.fx.Node:
-    """The node whose storage `node` views: followed through view operators and tuple access of their results."""
-    while node.args and isinstance(node.args[0], torch.fx.Node) and (
-            _returns_alias(node) or (node.op == "call_function" and node.target is operator.getitem)):
-        node = node.args[0]
-    return node
-
-
-def _written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    schema = _schema(node)
-    if schema is None:
-        return []
-    written = []
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        written += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.fx.Node)]
-    return written
-
-
 def written_or_returned_roots(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Alias roots of every tensor some node writes in place or the graph returns."""
-    roots = {alias_root(arg) for node in graph.nodes for arg in _written_args(node)}
+    """Storage roots (stream_deps.root: through views, in-place results and their tuple items) of every tensor
+    some node writes in place or the graph returns."""
+    roots = {r for node in graph.nodes for r in written_roots(node)}
     outputs = [n for n in graph.nodes if n.op == "output"]
-    return roots | {alias_root(arg) for out in outputs for arg in out.all_input_nodes}
+    return roots | {root(arg) for out in outputs for arg in out.all_input_nodes}
+
+
+def _result_stable(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
+    """Neither the node's storage nor, for a tuple of fresh tensors, any item of it is written or returned."""
+    items = [u for u in node.users if u.target is operator.getitem]
+    return root(node) not in written and not any(u in written for u in items)
 
 
 def _pure(node: torch.fx.Node) -> bool:
@@ -83,7 +65,7 @@ def _key(value: Any) -> Any:
 
 
 def _inputs_stable(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
-    return node not in written and all(alias_root(n) not in written for n in node.all_input_nodes)
+    return all(root(n) not in written for n in node.all_input_nodes)
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
@@ -91,7 +73,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     seen: dict[Any, torch.fx.Node] = {}
     counts: Counter[str] = Counter()
     for node in list(gm.graph.nodes):
-        if not _pure(node) or not _inputs_stable(node, written) or alias_root(node) in written:
+        if not _pure(node) or not _inputs_stable(node, written) or not _result_stable(node, written):
             continue
         key = (node.target, _key(node.args), _key(node.kwargs))
         first = seen.setdefault(key, node)
