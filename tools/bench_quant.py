@@ -15,7 +15,7 @@ import torch
 from npu_graph.cpu_gemm_profile import measure
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
-from npu_graph.tools.quant_accuracy import ablation_rows, measure_accuracy
+from npu_graph.tools.quant_accuracy import ablation_rows, measure_accuracy, reference_run
 from npu_graph.tools.timing import time_side_by_side
 
 CONFIG = "small"
@@ -73,9 +73,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeat = args.repeat or (5 if args.quick else 15)
     torch.manual_seed(0)
     model = HybridLM(HybridConfig.named(CONFIG)).eval()
-    accuracy = measure_accuracy(CONFIG, 272, 8 if args.quick else 32)
-    ablations = ablation_rows(HybridConfig.named(CONFIG), 272, 8 if args.quick else 32)
-    rows = [*cache_rows(), {"case": "accuracy dsa vs none", **accuracy}, *ablations,
+    reference = reference_run(CONFIG, HybridConfig.named(CONFIG), 272, 8 if args.quick else 32)
+    rows = [*cache_rows(), {"case": "accuracy dsa vs none", **measure_accuracy(reference)}, *ablation_rows(reference),
             *gemm_rows(model, 20 if args.quick else 50), decode_row(model, repeat)]
     notes = ["accuracy: quant='dsa' on a kv_dtype=float8_e4m3fn cache vs quant='none' on a float32 cache; op "
              "figures compare calls made while both runs had been fed the same tokens; op_attention_cosine_min is "

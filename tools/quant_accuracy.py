@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -98,25 +98,47 @@ def fp8_kv_attention_cosines(calls: list[list[Any]]) -> list[float]:
     return cosines
 
 
-def measure_accuracy(config_name: str, prompt_len: int, steps: int) -> dict[str, Any]:
-    """Logits cosine, greedy agreement, indexer recall and sparse attention cosine of quant="dsa"."""
+class Reference(NamedTuple):
+    """The quant="none" run (float32 cache) that every comparison is made against."""
+
+    name: str
+    model: HybridLM
+    prompt: torch.Tensor
+    steps: int
+    logits: torch.Tensor
+    tokens: torch.Tensor
+    calls: dict[str, list[Any]]
+
+
+def reference_run(name: str, config: HybridConfig, prompt_len: int, steps: int) -> Reference:
+    """Build the model (seeded) and its prompt, and run quant="none" once for all the comparisons."""
     torch.manual_seed(0)
-    model = HybridLM(HybridConfig.named(config_name)).eval()
+    model = HybridLM(config).eval()
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
-    ref_logits, ref_tokens, ref_calls = _run(model, prompt, steps, {"quant": "none"}, torch.float32)
-    logits, tokens, calls = _run(model, prompt, steps, {"quant": "dsa"}, torch.float8_e4m3fn)
-    same = int((ref_tokens == tokens).int().cumprod(dim=1).sum().item())
-    per_forward = model.config.layer_types.count("dsa")
-    comparable = per_forward * (2 + min(same, steps - 1))   # two prefills, then decode steps fed equal tokens
+    logits, tokens, calls = _run(model, prompt, steps, {"quant": "none"}, torch.float32)
+    return Reference(name, model, prompt, steps, logits, tokens, calls)
+
+
+def _identical_steps(ref: Reference, tokens: torch.Tensor) -> int:
+    """Greedy steps equal to the reference's before the first difference."""
+    return int((ref.tokens == tokens).int().cumprod(dim=1).sum().item())
+
+
+def measure_accuracy(ref: Reference) -> dict[str, Any]:
+    """Logits cosine, greedy agreement, indexer recall and sparse attention cosine of quant="dsa"."""
+    logits, tokens, calls = _run(ref.model, ref.prompt, ref.steps, {"quant": "dsa"}, torch.float8_e4m3fn)
+    same = _identical_steps(ref, tokens)
+    per_forward = ref.model.config.layer_types.count("dsa")
+    comparable = per_forward * (2 + min(same, ref.steps - 1))   # two prefills, then decode steps fed equal tokens
     hits = valid = 0
-    for a, b in zip(ref_calls["indexer"][:comparable], calls["indexer"][:comparable]):
+    for a, b in zip(ref.calls["indexer"][:comparable], calls["indexer"][:comparable]):
         h, v = _recall(a, b)
         hits, valid = hits + h, valid + v
-    attention = [_cosine(a, b) for a, b in zip(ref_calls["attention"][:comparable], calls["attention"][:comparable])]
-    isolated = fp8_kv_attention_cosines(ref_calls["attention_args"])
+    attention = [_cosine(a, b) for a, b in zip(ref.calls["attention"][:comparable], calls["attention"][:comparable])]
+    isolated = fp8_kv_attention_cosines(ref.calls["attention_args"])
     return {"op_attention_cosine_min": min(isolated, default=float("nan")), "op_attention_calls": len(isolated),
-            "config": config_name, "prompt": prompt_len, "decode_steps": steps,
-            "logits_cosine": _cosine(ref_logits, logits), "greedy_identical_steps": same,
+            "config": ref.name, "prompt": ref.prompt.shape[1], "decode_steps": ref.steps,
+            "logits_cosine": _cosine(ref.logits, logits), "greedy_identical_steps": same,
             "indexer_recall": hits / max(valid, 1), "attention_cosine_min": min(attention, default=float("nan")),
             "attention_cosine_mean": sum(attention) / max(len(attention), 1), "compared_calls": len(attention)}
 
@@ -128,17 +150,12 @@ ABLATIONS = {  # name: (compile options, cache dtype), each against quant="none"
 }
 
 
-def ablation_rows(config: HybridConfig, prompt_len: int, steps: int) -> list[dict[str, Any]]:
+def ablation_rows(ref: Reference) -> list[dict[str, Any]]:
     """Logits cosine and identical greedy steps of each part of the policy alone, and of a BF16 cache with no
     quantization at all: how much of the error each part brings, and how far this model amplifies rounding."""
-    torch.manual_seed(0)
-    model = HybridLM(config).eval()
-    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
-    ref_logits, ref_tokens, _ = _run(model, prompt, steps, {"quant": "none"}, torch.float32)
     rows = []
     for name, (options, kv_dtype) in ABLATIONS.items():
-        logits, tokens, _ = _run(model, prompt, steps, options, kv_dtype)
-        same = int((ref_tokens == tokens).int().cumprod(dim=1).sum().item())
-        rows.append({"case": f"accuracy ablation: {name}", "logits_cosine": _cosine(ref_logits, logits),
-                     "greedy_identical_steps": same, "decode_steps": steps})
+        logits, tokens, _ = _run(ref.model, ref.prompt, ref.steps, options, kv_dtype)
+        rows.append({"case": f"accuracy ablation: {name}", "logits_cosine": _cosine(ref.logits, logits),
+                     "greedy_identical_steps": _identical_steps(ref, tokens), "decode_steps": ref.steps})
     return rows

@@ -14,6 +14,7 @@ from npu_graph.tools.quant_accuracy import (
     ablation_rows,
     fp8_kv_attention_cosines,
     record_fused_calls,
+    reference_run,
 )
 
 
@@ -59,7 +60,8 @@ def test_fp8_kv_attention_rerun_on_identical_inputs() -> None:
 
 def test_ablations_split_the_error_and_show_the_rounding_floor() -> None:
     config = dataclasses.replace(HybridConfig.named("tiny"), kv_lora_rank=128)   # an FP8 cache needs 128
-    rows = {r["case"].removeprefix("accuracy ablation: "): r for r in ablation_rows(config, 40, 2)}
+    reference = reference_run("tiny", config, 40, 2)
+    rows = {r["case"].removeprefix("accuracy ablation: "): r for r in ablation_rows(reference)}
     assert set(rows) == set(ABLATIONS)
     for row in rows.values():
         assert 0.9 < row["logits_cosine"] <= 1.0 + 1e-9 and 0 <= row["greedy_identical_steps"] <= 2
