@@ -31,7 +31,12 @@ counts twice, as on the NPU.
 fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape [..., Dl/128]: each tile of
 128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
 
-Fast CPU path, one query token at a time: its valid positions are listed, the rows gathered once with
+Fast CPU path: a native kernel (kernels/native/sparse_attention.c, built at first use by kernels/native.py)
+whenever it loads and the KV rows are float (fp32, bf16, fp16) with unit stride along D: per batch, the rows
+of all selected positions are listed in one vectorized step (-1 for skipped ones), and the kernel reads each
+row once, converts it in cache, and folds it into an online softmax for all heads at once; a decode token's
+rows are split across the threads and the parts merged. fp8 KV, or no native library (`native.available`),
+takes the torch path, one query token at a time: its valid positions are listed, the rows gathered once with
 index_select straight from the BSND tensor or the paged cache and converted to fp32 into per-thread scratch
 buffers (once for key and value when they are the same tensor), and two GEMMs over all heads do the logits
 (the rope part as its own small GEMM, no concatenation; scale_value folded into the query) and the output.
@@ -39,11 +44,14 @@ The output GEMM takes the stored bf16 rows directly when query and value are bf1
 (LARGE_PV_ELEMS) and the CPU has native bf16 dot products (AVX512-BF16): the probabilities are
 normalized in fp32 and rounded to bf16 once.
 """
+import ctypes
+import functools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from npu_graph.kernels import native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -77,6 +85,11 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KV_DTYPES = (*FLOAT_DTYPES, FP8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 KV_TILE = 128             # values of a token that share one fp8 scale
+NATIVE_SOURCE = "sparse_attention"   # kernels/native/sparse_attention.c
+NATIVE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# A query token with at least this many selected entries has them split across the threads (fewer tokens than
+# threads); below it the split's barriers cost more than the parallel work saves.
+NATIVE_SPLIT_ROWS = 256
 
 
 def dequantize_tiles(x: Tensor, scale: Tensor | None) -> Tensor:
@@ -273,6 +286,100 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, pos
     return out, row_max.squeeze(1), row_sum.squeeze(1)
 
 
+@functools.cache
+def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
+    """(the kernel's entry point with its C signature, whether the build reads fp16)."""
+    fn = lib.sfa_attend
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, i32, i32, i32, i64,
+                   ptr, ptr, ptr]
+    fn.restype = i32
+    return fn, bool(lib.sfa_has_f16())
+
+
+def _row_major(x: Tensor | None, paged: bool) -> bool:
+    """The kernel reads row r of a [B,S2,1,D] tensor at x[b].data_ptr() + r·stride(1) and of a paged cache at
+    x.data_ptr() + r·stride(1): D contiguous, and a cache's blocks one after another."""
+    if x is None:
+        return True
+    return x.device.type == "cpu" and x.stride(3) == 1 and (not paged or x.stride(0) == x.shape[1] * x.stride(1))
+
+
+def _native_kernel(key: Tensor, value: Tensor, key_rope: Tensor | None,
+                   block_table: Tensor | None) -> ctypes._CFuncPtr | None:
+    """The native kernel when it is loaded and reads these KV tensors (module docstring), else None."""
+    loaded = native.load(NATIVE_SOURCE)
+    if not loaded or key.dtype not in NATIVE_CODES or (key_rope is not None and key_rope.dtype not in NATIVE_CODES):
+        return None
+    fn, has_f16 = _typed_kernel(loaded.lib)
+    if torch.float16 in (key.dtype, None if key_rope is None else key_rope.dtype) and not has_f16:
+        return None
+    paged = block_table is not None
+    return fn if all(_row_major(x, paged) for x in (key, value, key_rope)) else None
+
+
+def _native_rows(indices: Tensor, block: int, limits: Tensor, table: Tensor | None, block_size: int) -> Tensor:
+    """Row numbers [T, K·block] (int64, -1 where skipped) of the positions that rows of sparse_indices [T, K]
+    select, under per-row position limits [T]; through one batch's block table row when paged."""
+    if block > 1:
+        positions = (indices.unsqueeze(-1) * block + torch.arange(block)).flatten(1)
+        valid = (indices >= 0).repeat_interleave(block, 1)
+    else:
+        positions, valid = indices, indices >= 0
+    valid &= positions < limits.unsqueeze(1)
+    if table is not None:
+        positions = positions.masked_fill(~valid, 0)
+        positions = table[positions // block_size] * block_size + positions % block_size
+    return positions.masked_fill(~valid, -1).contiguous()
+
+
+def _rows_base(x: Tensor | None, b: int, paged: bool) -> tuple[int | None, int]:
+    if x is None:
+        return None, 0
+    return (x.data_ptr() if paged else x[b].data_ptr()), x.stride(1)
+
+
+def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: int,
+                  outs: tuple[Tensor, Tensor, Tensor]) -> bool:
+    """Runs the kernel over the first lq query tokens of batch b, writing into outs; False when the kernel
+    could not allocate its scratch memory (the caller then takes the torch path)."""
+    (query, key, value, indices, scale, table, query_rope, key_rope, block, mode) = args
+    out, softmax_max, softmax_sum = outs
+    paged = table is not None
+    limits = torch.arange(lq).add_(lkv - lq + 1).clamp_(0, lkv) if mode == 3 else torch.full((lq,), lkv)
+    rows = _native_rows(indices[b, :lq, 0], block, limits, None if table is None else table[b], key.shape[1])
+    q = query[b, :lq].float().mul(scale).contiguous()
+    q_rope = None if query_rope is None else query_rope[b, :lq].float().mul(scale).contiguous()
+    direct = out.dtype == torch.float32        # the kernel writes fp32: into the output itself
+    target = out[b] if direct else torch.empty(q.shape)
+    kv, kv_stride = _rows_base(key, b, paged)
+    v, v_stride = _rows_base(None if _same_tensor(key, value) else value, b, paged)
+    rope, rope_stride = _rows_base(key_rope, b, paged)
+    n1, dl = q.shape[1:]
+    dr = 0 if q_rope is None else q_rope.shape[2]
+    ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), rows.data_ptr(), lq, rows.shape[1],
+                n1, dl, dr, kv, kv_stride, v, v_stride, rope, rope_stride, NATIVE_CODES[key.dtype],
+                NATIVE_CODES[key.dtype if key_rope is None else key_rope.dtype], torch.get_num_threads(),
+                NATIVE_SPLIT_ROWS, target.data_ptr(), softmax_max[b].data_ptr(), softmax_sum[b].data_ptr())
+    if not direct:
+        out[b, :lq] = target
+    return bool(ok)
+
+
+def _torch_batch(readers: _Readers, query: Tensor, query_rope: Tensor | None, indices: Tensor, scale_value: float,
+                 b: int, lq: int, lkv: int, sparse_block_size: int, sparse_mode: int,
+                 outs: tuple[Tensor, Tensor, Tensor]) -> None:
+    """The torch path over the first lq query tokens of batch b, one token at a time, writing into outs."""
+    out, softmax_max, softmax_sum = outs
+    for t in range(lq):
+        positions = _row_positions(indices[b, t, 0], sparse_block_size, visible_keys(t, lq, lkv, sparse_mode))
+        if positions.numel() == 0:
+            continue
+        q_rope = None if query_rope is None else query_rope[b, t].float() * scale_value
+        o, m, s = _attend_row(readers, b, query[b, t].float() * scale_value, q_rope, positions, query.dtype)
+        out[b, t], softmax_max[b, t], softmax_sum[b, t] = o, m, s
+
+
 def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
                                 scale_value: float, block_table: Tensor | None,
                                 actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
@@ -282,22 +389,20 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     _check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
-    readers = _readers(key, value, key_rope, key_scale, value_scale, block_table)
-    out = torch.zeros(query.shape, dtype=query.dtype)
-    softmax_max = torch.full(query.shape[:3], float("-inf"))
-    softmax_sum = torch.zeros(query.shape[:3])
+    outs = (torch.zeros(query.shape, dtype=query.dtype), torch.full(query.shape[:3], float("-inf")),
+            torch.zeros(query.shape[:3]))
     indices = sparse_indices.long()
+    kernel = _native_kernel(key, value, key_rope, block_table)
+    table = None if block_table is None else block_table.long()
+    args = (query, key, value, indices, scale_value, table, query_rope, key_rope, sparse_block_size, sparse_mode)
+    readers = None
     for b in range(query.shape[0]):
-        for t in range(lq[b]):
-            limit = visible_keys(t, lq[b], lkv[b], sparse_mode)
-            positions = _row_positions(indices[b, t, 0], sparse_block_size, limit)
-            if positions.numel() == 0:
-                continue
-            q_rope = None if query_rope is None else query_rope[b, t].float() * scale_value
-            o, m, s = _attend_row(readers, b, query[b, t].float() * scale_value, q_rope, positions,
-                                  query.dtype)
-            out[b, t], softmax_max[b, t], softmax_sum[b, t] = o, m, s
-    return out, softmax_max, softmax_sum
+        if lq[b] == 0 or (kernel is not None and _native_batch(kernel, args, b, lq[b], lkv[b], outs)):
+            continue
+        readers = readers or _readers(key, value, key_rope, key_scale, value_scale, block_table)
+        _torch_batch(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size,
+                     sparse_mode, outs)
+    return outs
 
 
 @torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
