@@ -32,17 +32,19 @@ fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape 
 128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
 
 Fast CPU path: a native kernel (kernels/native/sparse_attention.c, built at first use by kernels/native.py)
-whenever it loads and the KV rows are float (fp32, bf16, fp16) with unit stride along D: per batch, the rows
-of all selected positions are listed in one vectorized step (-1 for skipped ones), and the kernel reads each
-row once, converts it in cache, and folds it into an online softmax for all heads at once; a decode token's
-rows are split across the threads and the parts merged. fp8 KV, or no native library (`native.available`),
-takes the torch path, one query token at a time: its valid positions are listed, the rows gathered once with
-index_select straight from the BSND tensor or the paged cache and converted to fp32 into per-thread scratch
-buffers (once for key and value when they are the same tensor), and two GEMMs over all heads do the logits
-(the rope part as its own small GEMM, no concatenation; scale_value folded into the query) and the output.
-The output GEMM takes the stored bf16 rows directly when query and value are bf16, the rows are many
-(LARGE_PV_ELEMS) and the CPU has native bf16 dot products (AVX512-BF16): the probabilities are
-normalized in fp32 and rounded to bf16 once.
+whenever it loads and the KV rows are float (fp32, bf16, fp16) with unit stride along D. One call per batch
+covers all its query tokens: the kernel reads sparse_indices (and the block table) itself, reads each selected
+row once, and folds a chunk of rows at a time into an online softmax for all heads (fp32; with bf16 query, KV
+and output on an AVX512-BF16 CPU, bf16 dot products with fp32 sums: the logits are exact products, and the
+probabilities are rounded to bf16 once for the weighted sum, as in the torch path below). Tokens go one per
+thread; a decode token's entries are split across the threads and the parts merged. fp8 KV, strided rows, or
+no native library (`native.available`, or ASCEND_DSA_NATIVE=0) take the torch path, one query token at a
+time: its valid positions are listed, the rows gathered once with index_select straight from the BSND
+tensor or the paged cache and converted to fp32 into per-thread scratch buffers (once for key and value when
+they are the same tensor), and two GEMMs over all heads do the logits (the rope part as its own small GEMM,
+no concatenation; scale_value folded into the query) and the output. The output GEMM takes the stored bf16
+rows directly when query and value are bf16, the rows are many (LARGE_PV_ELEMS) and the CPU has native bf16
+dot products (AVX512-BF16): the probabilities are normalized in fp32 and rounded to bf16 once.
 """
 import ctypes
 import functools
@@ -291,8 +293,8 @@ def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
     """(the kernel's entry point with its C signature, whether the build reads fp16)."""
     fn = lib.sfa_attend
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, i32, i32, i32, i64,
-                   ptr, ptr, ptr]
+    fn.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i32, ptr, i64, ptr, i64, ptr, i64, ptr,
+                   i64, i32, i32, ctypes.c_float, i32, i32, i64, ptr, ptr, ptr]
     fn.restype = i32
     return fn, bool(lib.sfa_has_f16())
 
@@ -318,21 +320,6 @@ def _native_kernel(key: Tensor, value: Tensor, key_rope: Tensor | None,
     return fn if all(_row_major(x, paged) for x in (key, value, key_rope)) else None
 
 
-def _native_rows(indices: Tensor, block: int, limits: Tensor, table: Tensor | None, block_size: int) -> Tensor:
-    """Row numbers [T, K·block] (int64, -1 where skipped) of the positions that rows of sparse_indices [T, K]
-    select, under per-row position limits [T]; through one batch's block table row when paged."""
-    if block > 1:
-        positions = (indices.unsqueeze(-1) * block + torch.arange(block)).flatten(1)
-        valid = (indices >= 0).repeat_interleave(block, 1)
-    else:
-        positions, valid = indices, indices >= 0
-    valid &= positions < limits.unsqueeze(1)
-    if table is not None:
-        positions = positions.masked_fill(~valid, 0)
-        positions = table[positions // block_size] * block_size + positions % block_size
-    return positions.masked_fill(~valid, -1).contiguous()
-
-
 def _rows_base(x: Tensor | None, b: int, paged: bool) -> tuple[int | None, int]:
     if x is None:
         return None, 0
@@ -342,25 +329,27 @@ def _rows_base(x: Tensor | None, b: int, paged: bool) -> tuple[int | None, int]:
 def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: int,
                   outs: tuple[Tensor, Tensor, Tensor]) -> bool:
     """Runs the kernel over the first lq query tokens of batch b, writing into outs; False when the kernel
-    could not allocate its scratch memory (the caller then takes the torch path)."""
+    could not allocate its scratch memory (the caller then takes the torch path). indices and table are int64
+    and contiguous."""
     (query, key, value, indices, scale, table, query_rope, key_rope, block, mode) = args
     out, softmax_max, softmax_sum = outs
     paged = table is not None
-    limits = torch.arange(lq).add_(lkv - lq + 1).clamp_(0, lkv) if mode == 3 else torch.full((lq,), lkv)
-    rows = _native_rows(indices[b, :lq, 0], block, limits, None if table is None else table[b], key.shape[1])
-    q = query[b, :lq].float().mul(scale).contiguous()
-    q_rope = None if query_rope is None else query_rope[b, :lq].float().mul(scale).contiguous()
+    q = query[b, :lq].float().contiguous()
+    q_rope = None if query_rope is None else query_rope[b, :lq].float().contiguous()
+    bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
     direct = out.dtype == torch.float32        # the kernel writes fp32: into the output itself
     target = out[b] if direct else torch.empty(q.shape)
     kv, kv_stride = _rows_base(key, b, paged)
     v, v_stride = _rows_base(None if _same_tensor(key, value) else value, b, paged)
     rope, rope_stride = _rows_base(key_rope, b, paged)
     n1, dl = q.shape[1:]
-    dr = 0 if q_rope is None else q_rope.shape[2]
-    ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), rows.data_ptr(), lq, rows.shape[1],
-                n1, dl, dr, kv, kv_stride, v, v_stride, rope, rope_stride, NATIVE_CODES[key.dtype],
-                NATIVE_CODES[key.dtype if key_rope is None else key_rope.dtype], torch.get_num_threads(),
-                NATIVE_SPLIT_ROWS, target.data_ptr(), softmax_max[b].data_ptr(), softmax_sum[b].data_ptr())
+    ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), n1, dl,
+                0 if q_rope is None else q_rope.shape[2], indices[b].data_ptr(), indices.stride(1),
+                indices.shape[3], block, lq, lkv, mode == 3, table[b].data_ptr() if paged else None, key.shape[1],
+                kv, kv_stride, v, v_stride, rope, rope_stride, NATIVE_CODES[key.dtype],
+                NATIVE_CODES[key.dtype if key_rope is None else key_rope.dtype], scale, bf16_dot,
+                torch.get_num_threads(), NATIVE_SPLIT_ROWS, target.data_ptr(), softmax_max[b].data_ptr(),
+                softmax_sum[b].data_ptr())
     if not direct:
         out[b, :lq] = target
     return bool(ok)
@@ -391,9 +380,9 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
                                "actual_seq_lengths_kv")
     outs = (torch.zeros(query.shape, dtype=query.dtype), torch.full(query.shape[:3], float("-inf")),
             torch.zeros(query.shape[:3]))
-    indices = sparse_indices.long()
+    indices = sparse_indices.long().contiguous()
     kernel = _native_kernel(key, value, key_rope, block_table)
-    table = None if block_table is None else block_table.long()
+    table = None if block_table is None else block_table.long().contiguous()
     args = (query, key, value, indices, scale_value, table, query_rope, key_rope, sparse_block_size, sparse_mode)
     readers = None
     for b in range(query.shape[0]):

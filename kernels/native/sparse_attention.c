@@ -1,7 +1,7 @@
 /* Sparse flash attention on CPU for ascend_dsa::sparse_flash_attention (kernels/sparse_flash_attention.py);
  * kernels/native.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
  *
- * For every query token t of one batch row: over the KV rows listed in rows[t][0..M) (-1 = skipped),
+ * For every query token t of one batch row: over the KV rows its sparse_indices select (struct selection),
  *   logit[r] = q[t,h] . kv[r] + q_rope[t,h] . rope[r]           (q already multiplied by scale_value)
  *   out[t,h] = sum_r softmax(logit)[r] * value[r],  smax[t,h] = max logit,  ssum[t,h] = sum exp(logit - smax)
  * in fp32. Each selected row is read once: a chunk of CHUNK rows is converted to fp32 into a per-thread buffer,
@@ -34,6 +34,8 @@ int sfa_has_f16(void) {
 }
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+int sfa_has_bf16_dot(void);
 
 /* Per-thread scratch slots, grown on demand and kept across calls (OpenMP threads persist):
  * 0 chunk buffers, 1 running state of the parts, 2 transposed query. */
@@ -95,7 +97,11 @@ static inline float exp_neg(float x) {
     return p * s.f;
 }
 
-struct shape { int64_t H, Hp, DL, DLp, DR, DRp; };
+struct shape {
+    int64_t H, Hp, DL, DLp, DR, DRp;
+    float scale;
+    int bf16;           /* bf16 dot products straight from the stored rows (see the AVX512-BF16 section) */
+};
 
 struct source {
     const char *kv, *value, *rope;       /* value NULL: the kv rows are the values */
@@ -177,15 +183,18 @@ static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, 
             for (int64_t d = 0; d < sh->DLp; d++) acc[h * sh->DLp + d] *= corr[h];
 }
 
-/* Converts the chunk's rows into kbuf (and rbuf, vbuf) and prefetches the next chunk's rows. */
-static void load_chunk(const struct shape *sh, const struct source *src, const int64_t *rows, int64_t n,
-                       const int64_t *next, int64_t n_next, float *kbuf, float *rbuf, float *vbuf) {
+static void prefetch_chunk(const struct shape *sh, const struct source *src, const int64_t *rows, int64_t n) {
     int64_t kv_bytes = sh->DL * elem_size(src->kv_dtype), rope_bytes = sh->DR * elem_size(src->rope_dtype);
-    for (int64_t i = 0; i < n_next; i++) {
-        prefetch_row(src->kv + next[i] * src->kv_stride, kv_bytes);
-        if (src->rope) prefetch_row(src->rope + next[i] * src->rope_stride, rope_bytes);
-        if (src->value) prefetch_row(src->value + next[i] * src->value_stride, kv_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        prefetch_row(src->kv + rows[i] * src->kv_stride, kv_bytes);
+        if (src->rope) prefetch_row(src->rope + rows[i] * src->rope_stride, rope_bytes);
+        if (src->value) prefetch_row(src->value + rows[i] * src->value_stride, kv_bytes);
     }
+}
+
+/* Converts the chunk's rows into kbuf (and rbuf, vbuf). */
+static void convert_chunk(const struct shape *sh, const struct source *src, const int64_t *rows, int64_t n,
+                          float *kbuf, float *rbuf, float *vbuf) {
     for (int64_t i = 0; i < n; i++) {
         to_f32(kbuf + i * sh->DLp, src->kv + rows[i] * src->kv_stride, src->kv_dtype, sh->DL, sh->DLp);
         if (src->rope)
@@ -195,11 +204,146 @@ static void load_chunk(const struct shape *sh, const struct source *src, const i
     }
 }
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+/* AVX512-BF16 (bf16 query, KV and output): the logits come from bf16 dot products of the stored rows with
+ * the bf16 query (exact products, fp32 sums; scale_value applied to the sum), and the weighted sum from bf16
+ * dot products of probabilities rounded once to bf16 with pairs of stored value rows interleaved in
+ * registers. No row is converted to fp32; the query is transposed to [D/2][Hp] pairs of bf16. */
+int sfa_has_bf16_dot(void) { return 1; }
+
+static inline uint32_t load_u32(const uint16_t *p) {
+    uint32_t x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* fp32 to bf16 bits, rounded to nearest even (finite x). */
+static inline uint32_t bf16_bits(float x) {
+    union { float f; uint32_t u; } c = { .f = x };
+    return (c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16;
+}
+
+/* One head block of logits for rows r0.. (RB of them, the last row repeated past n) from pairs of dims. */
+static inline void dot_rows_bf16(const uint16_t *const *rows, int64_t r0, int64_t n, const uint32_t *qT,
+                                 int64_t pairs, int64_t Hp, __m512 *acc) {
+    const uint16_t *k[RB];
+    for (int i = 0; i < RB; i++) k[i] = rows[r0 + i < n ? r0 + i : n - 1];
+    for (int64_t d = 0; d < pairs; d++) {
+        __m512bh qv = (__m512bh)_mm512_load_si512(qT + d * Hp);
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], qv, (__m512bh)_mm512_set1_epi32((int)load_u32(k[i] + 2 * d)));
+    }
+}
+
+static void logits_bf16(const struct shape *sh, const uint16_t *const *krow, const uint16_t *const *rrow,
+                        const uint32_t *qT, const uint32_t *qrT, int64_t n, float *s) {
+    __m512 scale = _mm512_set1_ps(sh->scale);
+    for (int64_t hb = 0; hb < sh->Hp; hb += VL) {
+        for (int64_t r0 = 0; r0 < n; r0 += RB) {
+            __m512 acc[RB];
+            for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
+            dot_rows_bf16(krow, r0, n, qT + hb, sh->DL / 2, sh->Hp, acc);
+            if (rrow) dot_rows_bf16(rrow, r0, n, qrT + hb, sh->DR / 2, sh->Hp, acc);
+            for (int i = 0; i < RB; i++) _mm512_store_ps(s + (r0 + i) * sh->Hp + hb, _mm512_mul_ps(acc[i], scale));
+        }
+    }
+}
+
+/* pb[j][h] = the bf16 pair (p[2j][h], p[2j+1][h]), zero past row n. */
+static void pack_probs(const struct shape *sh, const float *p, int64_t n, uint32_t *pb) {
+    for (int64_t j = 0; j < (n + 1) / 2; j++) {
+        const float *e = p + 2 * j * sh->Hp, *o = e + sh->Hp;
+        int odd = 2 * j + 1 < n;
+#pragma omp simd
+        for (int64_t h = 0; h < sh->Hp; h++) pb[j * sh->Hp + h] = bf16_bits(e[h]) | (odd ? bf16_bits(o[h]) << 16 : 0);
+    }
+}
+
+static void weighted_values_bf16(const struct shape *sh, const uint32_t *pb, const uint16_t *const *vrow,
+                                 int64_t n, float *acc) {
+    static const uint16_t order[32] = { 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47 };
+    const __m512i interleave = _mm512_loadu_si512(order);
+    for (int64_t h0 = 0; h0 < sh->Hp; h0 += VL) {
+        for (int64_t d = 0; d < sh->DL; d += VL) {
+            __m512 a[VL];
+            for (int i = 0; i < VL; i++) a[i] = _mm512_load_ps(acc + (h0 + i) * sh->DLp + d);
+            for (int64_t j = 0; j < (n + 1) / 2; j++) {
+                __m512i e = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(vrow[2 * j] + d)));
+                __m512i o = _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(vrow[2 * j + 1 < n ? 2 * j + 1 : 2 * j] + d)));
+                __m512bh v = (__m512bh)_mm512_permutex2var_epi16(e, interleave, o);
+                const uint32_t *pj = pb + j * sh->Hp + h0;
+#pragma GCC unroll 16
+                for (int i = 0; i < VL; i++) a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)_mm512_set1_epi32((int)pj[i]), v);
+            }
+            for (int i = 0; i < VL; i++) _mm512_store_ps(acc + (h0 + i) * sh->DLp + d, a[i]);
+        }
+    }
+}
+
+/* One chunk in bf16: row pointers, logits, online softmax step, weighted sum. */
+static void chunk_bf16(const struct shape *sh, const struct source *src, const uint32_t *qT, const int64_t *rows,
+                       int64_t n, float *s, uint32_t *pb, float *m, float *l, float *acc) {
+    const uint16_t *krow[CHUNK], *rrow[CHUNK], *vrow[CHUNK];
+    for (int64_t i = 0; i < n; i++) {
+        krow[i] = (const uint16_t *)(src->kv + rows[i] * src->kv_stride);
+        rrow[i] = src->rope ? (const uint16_t *)(src->rope + rows[i] * src->rope_stride) : NULL;
+        vrow[i] = src->value ? (const uint16_t *)(src->value + rows[i] * src->value_stride) : krow[i];
+    }
+    logits_bf16(sh, krow, src->rope ? rrow : NULL, qT, qT + (sh->DL / 2) * sh->Hp, n, s);
+    softmax_step(sh, s, n, m, l, acc);
+    pack_probs(sh, s, n, pb);
+    weighted_values_bf16(sh, pb, vrow, n, acc);
+}
+#else
+int sfa_has_bf16_dot(void) { return 0; }
+#endif
+
 static int64_t part_floats(const struct shape *sh) { return 2 * sh->Hp + sh->Hp * sh->DLp; }
 
-/* Folds the rows rows[0..count) (-1 skipped) into a part: m [Hp], l [Hp], acc [Hp][DLp]. 0 on no memory. */
+/* Which rows the query tokens select: token t's entries idx[t * idx_stride + j] (j < K), each standing for
+ * positions i * block ... i * block + block - 1 (i = -1: none); positions >= limit(t) are skipped, and a
+ * position p is row p (BSND) or row table[p / block_size] * block_size + p % block_size (paged). */
+struct selection {
+    const int64_t *idx, *table;
+    int64_t idx_stride, K, block, block_size, lq, lkv;
+    int causal;         /* sparse_mode 3: limit(t) = lkv - lq + t + 1, clamped to [0, lkv]; else lkv */
+};
+
+static int64_t token_limit(const struct selection *sel, int64_t t) {
+    if (!sel->causal) return sel->lkv;
+    int64_t limit = sel->lkv - sel->lq + t + 1;
+    return limit < 0 ? 0 : (limit > sel->lkv ? sel->lkv : limit);
+}
+
+/* A cursor over entries [j, end) of one token (position k inside entry j). */
+struct cursor { const int64_t *idx; int64_t j, k, end, limit; };
+
+/* Up to `max` next selected row numbers from the cursor. */
+static int64_t next_rows(const struct selection *sel, struct cursor *c, int64_t *rows, int64_t max) {
+    int64_t n = 0;
+    while (c->j < c->end && n < max) {
+        int64_t p = c->idx[c->j] * sel->block + c->k;
+        if (c->idx[c->j] < 0 || p >= c->limit) {
+            c->j++;
+            c->k = 0;
+            continue;
+        }
+        rows[n++] = sel->table ? sel->table[p / sel->block_size] * sel->block_size + p % sel->block_size : p;
+        if (++c->k == sel->block) {
+            c->j++;
+            c->k = 0;
+        }
+    }
+    return n;
+}
+
+/* Folds the rows the cursor selects into a part: m [Hp], l [Hp], acc [Hp][DLp]. 0 on no memory. */
 static int attend_part(const struct shape *sh, const struct source *src, const float *qT, const float *qrT,
-                       const int64_t *rows, int64_t count, float *part) {
+                       const struct selection *sel, struct cursor cur, float *part) {
     int64_t Hp = sh->Hp, DLp = sh->DLp;
     float *m = part, *l = part + Hp, *acc = part + 2 * Hp;
     float *buf = scratch(0, (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4));
@@ -208,34 +352,57 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
     int64_t *chunk = (int64_t *)(s + CHUNK * Hp), *next = chunk + CHUNK;
     for (int64_t h = 0; h < Hp; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, Hp * DLp * sizeof(float));
-    int64_t j = 0, n = 0;
-    while (j < count && n < CHUNK) { if (rows[j] >= 0) chunk[n++] = rows[j]; j++; }
+    int64_t n = next_rows(sel, &cur, chunk, CHUNK);
     while (n > 0) {
-        int64_t n_next = 0;
-        while (j < count && n_next < CHUNK) { if (rows[j] >= 0) next[n_next++] = rows[j]; j++; }
-        load_chunk(sh, src, chunk, n, next, n_next, kbuf, rbuf, src->value ? vbuf : NULL);
-        logits(sh, kbuf, src->rope ? rbuf : NULL, qT, qrT, n, s);
-        softmax_step(sh, s, n, m, l, acc);
-        weighted_values(sh, s, src->value ? vbuf : kbuf, n, acc);
+        int64_t n_next = next_rows(sel, &cur, next, CHUNK);
+        prefetch_chunk(sh, src, next, n_next);
+#ifdef __AVX512BF16__
+        if (sh->bf16) {
+            chunk_bf16(sh, src, (const uint32_t *)qT, chunk, n, s, (uint32_t *)kbuf, m, l, acc);
+        } else
+#endif
+        {
+            convert_chunk(sh, src, chunk, n, kbuf, rbuf, src->value ? vbuf : NULL);
+            logits(sh, kbuf, src->rope ? rbuf : NULL, qT, qrT, n, s);
+            softmax_step(sh, s, n, m, l, acc);
+            weighted_values(sh, s, src->value ? vbuf : kbuf, n, acc);
+        }
         memcpy(chunk, next, n_next * sizeof(int64_t));
         n = n_next;
     }
     return 1;
 }
 
-/* x [H][D] -> xT [Dp][Hp], zero padded. */
-static void transpose_pad(const float *x, int64_t H, int64_t D, int64_t Hp, int64_t Dp, float *xT) {
+/* scale * x [H][D] -> xT [Dp][Hp], zero padded. */
+static void transpose_pad(const float *x, int64_t H, int64_t D, int64_t Hp, int64_t Dp, float scale, float *xT) {
     memset(xT, 0, Dp * Hp * sizeof(float));
     for (int64_t h = 0; h < H; h++)
-        for (int64_t d = 0; d < D; d++) xT[d * Hp + h] = x[h * D + d];
+        for (int64_t d = 0; d < D; d++) xT[d * Hp + h] = x[h * D + d] * scale;
 }
 
-/* The transposed query of token t in this thread's slot 2: qT [DLp][Hp], then qrT [DRp][Hp]. */
+/* bf16 mode: x [H][D] (bf16 values) -> xT [D/2][Hp], each entry the bf16 pair of dims 2d, 2d+1. */
+static void transpose_pairs(const float *x, int64_t H, int64_t D, int64_t Hp, uint32_t *xT) {
+    memset(xT, 0, D / 2 * Hp * sizeof(uint32_t));
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t d = 0; d < D / 2; d++) {
+            union { float f; uint32_t u; } lo = { .f = x[h * D + 2 * d] }, hi = { .f = x[h * D + 2 * d + 1] };
+            xT[d * Hp + h] = (lo.u >> 16) | (hi.u & 0xFFFF0000u);
+        }
+}
+
+/* The transposed query of token t in this thread's slot 2: qT [DLp][Hp], then qrT [DRp][Hp] (bf16 mode: the
+ * pairs, [DL/2][Hp] then [DR/2][Hp]). */
 static float *query_T(const struct shape *sh, const float *q, const float *q_rope, int64_t t) {
     float *qT = scratch(2, (size_t)(sh->DLp + sh->DRp) * sh->Hp);
     if (!qT) return NULL;
-    transpose_pad(q + t * sh->H * sh->DL, sh->H, sh->DL, sh->Hp, sh->DLp, qT);
-    if (q_rope) transpose_pad(q_rope + t * sh->H * sh->DR, sh->H, sh->DR, sh->Hp, sh->DRp, qT + sh->DLp * sh->Hp);
+    const float *qt = q + t * sh->H * sh->DL, *qrt = q_rope ? q_rope + t * sh->H * sh->DR : NULL;
+    if (sh->bf16) {
+        transpose_pairs(qt, sh->H, sh->DL, sh->Hp, (uint32_t *)qT);
+        if (qrt) transpose_pairs(qrt, sh->H, sh->DR, sh->Hp, (uint32_t *)qT + sh->DL / 2 * sh->Hp);
+        return qT;
+    }
+    transpose_pad(qt, sh->H, sh->DL, sh->Hp, sh->DLp, sh->scale, qT);
+    if (qrt) transpose_pad(qrt, sh->H, sh->DR, sh->Hp, sh->DRp, sh->scale, qT + sh->DLp * sh->Hp);
     return qT;
 }
 
@@ -264,15 +431,20 @@ static void finish(const struct shape *sh, const float *parts, int nparts, int64
     }
 }
 
+static struct cursor token_cursor(const struct selection *sel, int64_t t, int64_t lo, int64_t hi) {
+    struct cursor c = { sel->idx + t * sel->idx_stride, lo, 0, hi, token_limit(sel, t) };
+    return c;
+}
+
 /* One thread per token. Returns 0 when scratch memory could not be allocated. */
-static int attend_tokens(const struct shape *sh, const struct source *src, const float *q, const float *q_rope,
-                         const int64_t *rows, int64_t T, int64_t M, int threads, float *out, float *smax,
-                         float *ssum) {
+static int attend_tokens(const struct shape *sh, const struct source *src, const struct selection *sel,
+                         const float *q, const float *q_rope, int threads, float *out, float *smax, float *ssum) {
     int ok = 1;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(&& : ok)
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < sel->lq; t++) {
         float *qT = query_T(sh, q, q_rope, t), *part = scratch(1, part_floats(sh));
-        if (!qT || !part || !attend_part(sh, src, qT, qT + sh->DLp * sh->Hp, rows + t * M, M, part)) {
+        if (!qT || !part
+            || !attend_part(sh, src, qT, qT + sh->DLp * sh->Hp, sel, token_cursor(sel, t, 0, sel->K), part)) {
             ok = 0;
             continue;
         }
@@ -281,45 +453,51 @@ static int attend_tokens(const struct shape *sh, const struct source *src, const
     return ok;
 }
 
-/* Each token's rows split across the threads, the parts merged. */
-static int attend_split(const struct shape *sh, const struct source *src, const float *q, const float *q_rope,
-                        const int64_t *rows, int64_t T, int64_t M, int threads, float *out, float *smax,
-                        float *ssum) {
-    int ok = 1;
-    int64_t pf = part_floats(sh);
-    float *parts = scratch(1, (size_t)threads * pf);
+/* Each token's entries split across the threads (lq < threads), one part per token and thread, merged after
+ * the parallel region: its only synchronization is the fork and the join. */
+static int attend_split(const struct shape *sh, const struct source *src, const struct selection *sel,
+                        const float *q, const float *q_rope, int threads, float *out, float *smax, float *ssum) {
+    int ok = 1, team = 1;
+    int64_t pf = part_floats(sh), K = sel->K;
+    float *parts = scratch(1, (size_t)(sel->lq * threads) * pf);
     if (!parts) return 0;
 #pragma omp parallel num_threads(threads) reduction(&& : ok)
     {
         int tid = omp_get_thread_num(), n = omp_get_num_threads();
-        for (int64_t t = 0; t < T; t++) {
+        if (tid == 0) team = n;
+        for (int64_t t = 0; t < sel->lq && ok; t++) {
             float *qT = query_T(sh, q, q_rope, t);
-            int64_t lo = M * tid / n, hi = M * (tid + 1) / n;
-            ok = ok && qT && attend_part(sh, src, qT, qT + sh->DLp * sh->Hp, rows + t * M + lo, hi - lo,
-                                         parts + tid * pf);
-#pragma omp barrier
-            int64_t h0 = sh->H * tid / n, h1 = sh->H * (tid + 1) / n;
-            finish(sh, parts, n, h0, h1, out + t * sh->H * sh->DL, smax + t * sh->H, ssum + t * sh->H);
-#pragma omp barrier
+            struct cursor cur = token_cursor(sel, t, K * tid / n, K * (tid + 1) / n);
+            ok = qT && attend_part(sh, src, qT, qT + sh->DLp * sh->Hp, sel, cur, parts + (t * n + tid) * pf);
         }
     }
+    for (int64_t t = 0; t < sel->lq && ok; t++)
+        finish(sh, parts + t * team * pf, team, 0, sh->H, out + t * sh->H * sh->DL, smax + t * sh->H,
+               ssum + t * sh->H);
     return ok;
 }
 
-/* Entry point. q [T][H][DL] and q_rope [T][H][DR] (or NULL) fp32, scale included; rows [T][M] row numbers
- * of kv (and value, rope) with -1 for skipped entries; row strides in elements; value NULL when the kv rows
- * are the values, rope NULL without rope. Outputs out [T][H][DL], smax [T][H], ssum [T][H] fp32. A token's
- * rows are split across the `threads` threads when T < threads and M >= split_rows.
+/* Entry point, for the first lq query tokens of one batch. q [lq][H][DL] and q_rope [lq][H][DR] (or NULL)
+ * fp32, without scale; the selection as in struct selection (idx int64, table int64 or NULL); row strides in
+ * elements; value NULL when the kv rows are the values, rope NULL without rope. Outputs out [lq][H][DL],
+ * smax [lq][H], ssum [lq][H] fp32. A token's entries are split across the `threads` threads when
+ * lq < threads and K * block >= split_rows. bf16_dot asks for the AVX512-BF16 mode (q holding bf16 values,
+ * bf16 output): taken when built with it, the rows are bf16, DL is a multiple of 16 and DR even.
  * Returns 1, or 0 when scratch memory could not be allocated. */
-int sfa_attend(const float *q, const float *q_rope, const int64_t *rows, int64_t T, int64_t M, int64_t H,
-               int64_t DL, int64_t DR, const void *kv, int64_t kv_stride, const void *value, int64_t value_stride,
-               const void *rope, int64_t rope_stride, int kv_dtype, int rope_dtype, int threads,
-               int64_t split_rows, float *out, float *smax, float *ssum) {
-    struct shape sh = { H, round_up(H, VL), DL, round_up(DL, VL), rope ? DR : 0, rope ? round_up(DR, VL) : 0 };
+int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64_t DR, const int64_t *idx,
+               int64_t idx_stride, int64_t K, int64_t block, int64_t lq, int64_t lkv, int causal,
+               const int64_t *table, int64_t block_size, const void *kv, int64_t kv_stride, const void *value,
+               int64_t value_stride, const void *rope, int64_t rope_stride, int kv_dtype, int rope_dtype,
+               float scale, int bf16_dot, int threads, int64_t split_rows, float *out, float *smax, float *ssum) {
+    DR = rope ? DR : 0;
+    int bf16 = sfa_has_bf16_dot() && bf16_dot && kv_dtype == BF16 && DL % VL == 0 && DR % 2 == 0
+               && (!rope || rope_dtype == BF16);
+    struct shape sh = { H, round_up(H, VL), DL, round_up(DL, VL), DR, round_up(DR, VL), scale, bf16 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
+    struct selection sel = { idx, table, idx_stride, K, block, block_size, lq, lkv, causal };
     threads = threads < 1 ? 1 : threads;
-    if (T < threads && M >= split_rows)
-        return attend_split(&sh, &src, q, q_rope, rows, T, M, threads, out, smax, ssum);
-    return attend_tokens(&sh, &src, q, q_rope, rows, T, M, threads, out, smax, ssum);
+    if (lq < threads && K * block >= split_rows)
+        return attend_split(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
+    return attend_tokens(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
 }

@@ -1,0 +1,87 @@
+"""kernels/native.py: build at first use into the cache folder, reuse without rebuilding, one clear fallback
+(switched off, no compiler, failing compiler), and the library sharing torch's OpenMP runtime."""
+import os
+from pathlib import Path
+
+import pytest
+
+from npu_graph.kernels import native
+
+SOURCE = "sparse_attention"
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty cache folder and no library loaded by this process yet (restored afterwards)."""
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+    native._load.cache_clear()
+    yield tmp_path
+    native._load.cache_clear()
+
+
+def test_switched_off(monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    loaded = native.load(SOURCE)
+    assert not loaded and loaded.lib is None and "ASCEND_DSA_NATIVE=0" in loaded.reason
+
+
+def test_no_compiler(fresh, monkeypatch):
+    monkeypatch.delenv(native.ENV_CC, raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    ok, reason = native.available(SOURCE)
+    assert not ok and "no C compiler found" in reason and native.ENV_CC in reason
+
+
+@pytest.mark.parametrize("cc,message", [("false", "failed to build"),
+                                        ("/nonexistent/cc", "could not run the C compiler")])
+def test_failing_compiler_falls_back(fresh, monkeypatch, cc, message):
+    monkeypatch.setenv(native.ENV_CC, cc)
+    ok, reason = native.available(SOURCE)
+    assert not ok and message in reason and cc in reason
+    assert list(fresh.iterdir()) == []          # no library and no temporary file left behind
+
+
+def test_built_once_then_reused(fresh, monkeypatch):
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    first = native.load(SOURCE)
+    assert first, first.reason
+    path = Path(first.reason)
+    assert path.parent == fresh and path.exists() and path.name.startswith(SOURCE + "-")
+    assert [p.name for p in fresh.iterdir()] == [path.name]
+    native._load.cache_clear()
+
+    def no_build(*args):
+        raise AssertionError("a cached library was rebuilt")
+
+    monkeypatch.setattr(native, "_build", no_build)
+    assert native.load(SOURCE).reason == str(path)
+
+
+def test_cache_key_follows_source_and_compiler(monkeypatch):
+    cc = native.compiler() or "cc"
+    before = native.library_path(SOURCE, cc)
+    assert native.library_path(SOURCE, cc) == before
+    assert native.library_path(SOURCE, cc + "-other") != before
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-DOTHER"))
+    assert native.library_path(SOURCE, cc) != before
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(native.ENV_DIR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert native.cache_dir() == tmp_path / "ascend_dsa" / "native"
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path / "mine"))
+    assert native.cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_one_openmp_runtime():
+    """The native library uses the libgomp torch loaded, not a second copy with its own thread pool."""
+    if not native.load(SOURCE):
+        pytest.skip(native.load(SOURCE).reason)
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) == 1, runtimes
