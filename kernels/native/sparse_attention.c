@@ -2,14 +2,15 @@
  * kernels/native.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
  *
  * For every query token t of one batch row: over the KV rows its sparse_indices select (struct selection),
- *   logit[r] = q[t,h] . kv[r] + q_rope[t,h] . rope[r]           (q already multiplied by scale_value)
+ *   logit[r] = scale_value * (q[t,h] . kv[r] + q_rope[t,h] . rope[r])
  *   out[t,h] = sum_r softmax(logit)[r] * value[r],  smax[t,h] = max logit,  ssum[t,h] = sum exp(logit - smax)
  * in fp32. Each selected row is read once: a chunk of CHUNK rows is converted to fp32 into a per-thread buffer,
  * scored for all heads, and folded into a running (max, sum, out) with an online softmax. A token's rows are
  * split across the OpenMP threads when there are fewer tokens than threads; the partial results are merged.
  * Heads are padded to a multiple of 16 and head dims to a multiple of 16 in the buffers (zeros), so that the
  * micro-kernels work on whole vectors: logits hold 16 heads of one row per vector (query transposed), the
- * weighted sum 16 heads x 16 dims in registers over the chunk's rows.
+ * weighted sum 16 heads x 16 dims in registers over the chunk's rows. fp16 rows need the compiler's _Float16
+ * (sfa_has_f16); the bf16 mode needs AVX512-BF16 (sfa_has_bf16_dot); the caller checks both.
  */
 #include <math.h>
 #include <omp.h>
