@@ -18,5 +18,6 @@ if __name__ == "npu_graph.kernels":
         mx_quant,  # noqa: F401
         nz,  # noqa: F401
         rms_norm,  # noqa: F401
+        rotary_mul,  # noqa: F401
         sparse_flash_attention,  # noqa: F401
     )

@@ -143,6 +143,12 @@ def _add_rms_norm(lo: Lowering, a: dict[str, Any]) -> Emission:
     return lo.assign(lo.call("torch_npu.npu_add_rms_norm", args, {}))
 
 
+def _rotary_mul(lo: Lowering, a: dict[str, Any]) -> Emission:
+    x = lo.tensor(a["input"])
+    r1, r2 = (lo.tensor(a[name], x.dtype, "npu_rotary_mul takes r1/r2 in input's dtype") for name in ("r1", "r2"))
+    return lo.assign(lo.call("torch_npu.npu_rotary_mul", [x, r1, r2, a["rotary_mode"]], {}))
+
+
 LOWERINGS: dict[str, Callable[[Lowering, dict[str, Any]], Emission | str]] = {
     "lightning_indexer": _lightning_indexer,
     "sparse_flash_attention": _sparse_flash_attention,
@@ -152,6 +158,7 @@ LOWERINGS: dict[str, Callable[[Lowering, dict[str, Any]], Emission | str]] = {
     "fused_moe": _fused_moe,
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
+    "rotary_mul": _rotary_mul,
 }
 
 

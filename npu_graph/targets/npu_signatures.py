@@ -155,6 +155,12 @@ _ENTRIES = (
         _pos("gamma", "Tensor", dtypes=FLOATS), _pos("epsilon", "float", required=False)),
         "https://www.hiascend.com/document/detail/zh/Pytorch/700/apiref/apilist/ (torch_npu.npu_add_rms_norm)",
         notes="returns (y, rstd, x)", same_dtype=("x1", "x2", "gamma")),
+    Signature("torch_npu.npu_rotary_mul", (
+        _pos("input", "Tensor", dtypes=FLOATS), _pos("r1", "Tensor", dtypes=FLOATS),
+        _pos("r2", "Tensor", dtypes=FLOATS),
+        _pos("rotary_mode", "str", required=False, choices=("half", "interleave"))),
+        _OP_PLUGIN + "torch_npu-npu_rotary_mul.md (7.3.0)", same_dtype=("input", "r1", "r2"),
+        notes="4-D input (BNSD, BSND or SBND), even D < 896; r1/r2 broadcast to input"),
     Signature("torch_npu.npu_format_cast", (_pos("input", "Tensor"), _pos("acl_format", "int", choices=(2, 29))),
               "https://www.hiascend.com/document/detail/zh/Pytorch/700/apiref/apilist/ (torch_npu.npu_format_cast)",
               notes="29 = ACL_FORMAT_FRACTAL_NZ, 2 = ND"),

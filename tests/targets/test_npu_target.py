@@ -32,7 +32,8 @@ def test_reference_model_npu_program(tmp_path, monkeypatch):
     section = backend.reports[0].extra["npu_program"]
     assert section["executed"] is False and os.path.isfile(section["path"])
     calls = section["calls_by_op"]
-    for op in ("npu_lightning_indexer", "npu_sparse_flash_attention", "npu_moe_gating_top_k", "npu_rms_norm"):
+    for op in ("npu_lightning_indexer", "npu_sparse_flash_attention", "npu_moe_gating_top_k", "npu_rms_norm",
+               "npu_rotary_mul"):
         assert calls["torch_npu." + op] >= 1
     assert set(section["unmapped_ops"]) == {"attn_res", "chunk_kda", "causal_lengths"}
     with open(section["path"]) as f:
