@@ -28,8 +28,10 @@ keys as keep the chunk's [keys, rows·N1] scores within SCORE_BUDGET elements) t
 dequantized) to fp32, scored by one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a matvec with the
 weights per row, and merged into a running top-K: score memory is bounded by SCORE_BUDGET whatever the
 context length (a decode row's 16 heads × 16K keys fit in one chunk; a prefill block's do not).
-Decode rows (bf16 query and keys, few query rows, more than 2K visible keys) on a CPU with native bf16 dot
-products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take a prefilter instead:
+Decode rows (at most PREFILTER_MAX_ROWS valid query rows in a batch) of fp32/bf16/fp16 inputs are scored by a
+native kernel when it is built (kernels/lightning_indexer_native.py): the fp32 score of every visible key
+read straight from the stored keys, then one top-K. Without it, such rows (bf16 query and keys, more than
+2K visible keys) on a CPU with native bf16 dot products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take a prefilter instead:
 one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16, unit roundoff
 u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j |w_j|·ReLU(q_j·k).
 Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd (3u·Bnd) from the
@@ -46,6 +48,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from npu_graph.kernels import lightning_indexer_native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -417,10 +420,12 @@ def _prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, lim
 
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,
-                limits: list[int], k: int, prefilter: bool) -> list[tuple[int, int, Tensor, Tensor]]:
+                limits: list[int], k: int, prefilter: bool,
+                score_row: Callable[..., Tensor] | None) -> list[tuple[int, int, Tensor, Tensor]]:
     """(first row, last row, indices, values) blocks covering the valid query rows of batch b."""
     n1 = query.shape[2]
-    if prefilter and len(limits) <= PREFILTER_MAX_ROWS:
+    per_row = len(limits) <= PREFILTER_MAX_ROWS
+    if per_row and (prefilter or score_row is not None):
         blocks = [(t, t + 1) for t in range(len(limits))]
     else:
         step = max(1, SCORE_BUDGET // (KEY_CHUNK * n1))
@@ -428,6 +433,10 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
     out = []
     for t0, t1 in blocks:
         if max(limits[t0:t1]) == 0:
+            continue
+        if score_row is not None and per_row:
+            scores = score_row(b, limits[t0], query[b, t0], w[b, t0]).unsqueeze(0)
+            out.append((t0, t1, *_pad_topk(scores, torch.arange(limits[t0]), k)))
             continue
         if prefilter and t1 - t0 == 1 and limits[t0] > 2 * k:
             out.append((t0, t1, *_prefiltered_topk(keys, b, query[b, t0], w[b, t0], limits[t0], k)))
@@ -447,12 +456,15 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     keys = KeyReader(key, key_scale, block_table)
     w = weights.float()
     prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
+    score_row = None if query_scale is not None or key_scale is not None else \
+        lightning_indexer_native.row_scorer(query, key, block_table)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
-        for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter):
+        for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter,
+                                            score_row):
             indices[b, t0:t1, 0] = idx
             values[b, t0:t1, 0] = val
     return indices, values

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels import lightning_indexer as li
+from npu_graph.kernels import native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
 
@@ -80,6 +81,7 @@ def test_matches_reference(case, dtype):
 @pytest.mark.parametrize("batch,s1,s2,k", [(1, 1, 16384, 2048), (3, 1, 3000, 256), (1, 3, 5000, 512)])
 def test_bf16_prefilter_matches_reference(batch, s1, s2, k, monkeypatch):
     monkeypatch.setattr(li, "BF16_PREFILTER", True)   # checked on any CPU, however slow its bf16 GEMM
+    monkeypatch.setenv(native.ENV_SWITCH, "0")        # the native scores would take these rows
     q, key, w = make_inputs(batch, s1, 16, 64, s2, torch.bfloat16, seed=1)
     got = OP(q, key, w, sparse_count=k, sparse_mode=0)
     assert_same_topk(got, li.reference_lightning_indexer(q, key, w, sparse_count=k, sparse_mode=0))
@@ -101,6 +103,7 @@ def test_prefilter_is_exact_with_near_ties(monkeypatch):
     """Keys that differ by less than the bf16 rounding of their scores: the prefilter keeps every key that
     might belong to the top K and the exact pass orders them, so the scores equal the reference."""
     monkeypatch.setattr(li, "BF16_PREFILTER", True)
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
     q, key, w = make_inputs(1, 1, 8, 64, 4000, torch.bfloat16, seed=2)
     base = torch.randn(1, 1, 1, 64).bfloat16()
     key[:, 1000:3000] = base + (torch.randn(1, 2000, 1, 64) * 0.02).bfloat16()

@@ -1,0 +1,81 @@
+"""Native scoring for `ascend_dsa::lightning_indexer` decode rows (kernels/native/lightning_indexer.c, built at
+first use by kernels/native.py).
+
+For one query token it computes score[s] = Σ_j w_j·ReLU(q_j·k_s) for every visible key s in fp32, straight
+from the stored fp32 / bf16 / fp16 keys (BSND rows or a paged cache through its block table): no fp32 copy
+of the keys and no [heads × keys] matrix. bf16 query and keys use bf16 dot products on CPUs that have them
+(AVX512-BF16: each product is exact in fp32 and the sums are fp32, as in an fp32 GEMM); elsewhere the keys
+are converted in registers and scored with fp32 fused multiply-adds. The top-K of these scores is the top-K
+of the definition (no prefilter margins needed).
+
+`row_scorer` returns None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the inputs
+are not ones it reads (fp8 keys, keys whose head dim is not contiguous): the caller keeps its torch
+path then.
+"""
+import ctypes
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from npu_graph.kernels import native
+
+NATIVE_SOURCE = "lightning_indexer"
+CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+FORCE_FP32_DOT = False  # tests set it to check the fp32 micro-kernel on CPUs with bf16 dot products
+
+
+@functools.cache
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool, bool]:
+    fn = lib.li_scores
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_int, ptr]
+    fn.restype = ctypes.c_int
+    return fn, bool(lib.li_has_f16()), bool(lib.li_has_bf16_dot())
+
+
+def _readable(key: Tensor) -> bool:
+    """Row r of batch b at key[b].data_ptr() + r·stride(1), or of a cache block at block·stride(0) + r·stride(1)."""
+    return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in CODES
+
+
+def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, bool] | None:
+    """(the scoring function, whether to use bf16 dot products) for these inputs, or None (module docstring)."""
+    loaded = native.load(NATIVE_SOURCE)
+    if not loaded or query.dtype not in CODES or not _readable(key):
+        return None
+    fn, has_f16, has_bf16_dot = _typed(loaded.lib)
+    if torch.float16 in (key.dtype, query.dtype) and not has_f16:
+        return None
+    bf16_dot = has_bf16_dot and not FORCE_FP32_DOT and query.dtype == key.dtype == torch.bfloat16 \
+        and query.shape[3] % 2 == 0
+    return fn, bf16_dot
+
+
+def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor] | None:
+    """`score(b, limit, q_row [N1, D], w_row [N1] fp32) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
+    for one query token, or None when the native kernel does not take these inputs (module docstring)."""
+    found = _kernel(query, key)
+    if found is None:
+        return None
+    fn, bf16_dot = found
+    code, row_stride = CODES[key.dtype], key.stride(1)
+    table = None if block_table is None else block_table.to(torch.int32).contiguous()
+
+    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
+        heads, dim = q_row.shape
+        q, w = q_row.float().contiguous(), w_row.float().contiguous()
+        out = torch.empty(limit)
+        if table is None:
+            where = (key[b].data_ptr(), 0, None, 1)
+        else:
+            where = (key.data_ptr(), key.stride(0), table[b].data_ptr(), key.shape[1])
+        status = fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(), w.data_ptr(),
+                    heads, dim, int(bf16_dot), out.data_ptr())
+        if status != 0:
+            raise MemoryError(f"lightning_indexer: the native kernel could not allocate its buffers ({limit} keys, "
+                              f"{heads} heads of dim {dim}); set {native.ENV_SWITCH}=0 to use the torch path")
+        return out
+
+    return score

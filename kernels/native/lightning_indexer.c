@@ -1,0 +1,214 @@
+/* Lightning indexer scores on CPU for ascend_dsa::lightning_indexer (kernels/lightning_indexer_native.py);
+ * kernels/native.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
+ *
+ * For one query token (H heads of dim D) and the keys s = 0 .. n-1 of one batch row:
+ *   score[s] = sum_h w[h] * relu(q[h] . key[s])                                  (fp32 accumulation)
+ * Key s is row s of a [S, D] matrix (row stride `row_stride` values), or, through a paged cache's block table,
+ * row s % block_size of block table[s / block_size] (block stride `block_stride` values). Keys are fp32,
+ * bf16 or fp16 (fp16 needs the compiler's _Float16: li_has_f16).
+ *
+ * The scores never form an [H, S] matrix: a block of KB keys is scored for all heads in registers, heads
+ * 16 to a vector (the query transposed to [D, H]), and reduced to KB scores at once. Two micro-kernels:
+ * - fp32: the block's keys converted to fp32, one fused multiply-add per (key, dim, 16 heads);
+ * - bf16 dot products (AVX512-BF16, bf16 query and keys): the query as bf16 pairs [D/2, H], one vdpbf16ps per
+ *   (key, pair of dims, 16 heads) straight on the stored keys (products exact, sums in fp32 as above).
+ * OpenMP threads take contiguous ranges of blocks.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+#define VL 16      /* fp32 lanes of one vector */
+#define KB 4       /* keys per micro-kernel call */
+#define MAX_NB 4   /* 16-head vectors per micro-kernel call: KB x MAX_NB accumulators */
+
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+
+typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t)), aligned(4)));
+
+int li_has_f16(void) {
+#ifdef __FLT16_MANT_DIG__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int li_has_bf16_dot(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+struct keys {
+    const char *base;          /* key (or cache) data */
+    int dtype;
+    int64_t row_stride;        /* values between rows (within a block when paged) */
+    int64_t block_stride;      /* values between blocks of a paged cache */
+    const int32_t *table;      /* block table row of this batch, or NULL */
+    int64_t block_size;
+};
+
+static const char *key_row(const struct keys *k, int64_t s) {
+    size_t item = k->dtype == F32 ? 4 : 2;
+    int64_t offset = k->table ? (int64_t)k->table[s / k->block_size] * k->block_stride
+                                    + (s % k->block_size) * k->row_stride
+                              : s * k->row_stride;
+    return k->base + offset * (int64_t)item;
+}
+
+static void row_to_f32(float *restrict dst, const char *src, int dtype, int64_t d) {
+    if (dtype == F32) {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+    } else if (dtype == BF16) {
+        const uint16_t *restrict s = (const uint16_t *)src;
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++) {
+            uint32_t u = (uint32_t)s[i] << 16;
+            memcpy(&dst[i], &u, sizeof u);
+        }
+    } else {
+#ifdef __FLT16_MANT_DIG__
+        const _Float16 *restrict s = (const _Float16 *)src;
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++) dst[i] = (float)s[i];
+#endif
+    }
+}
+
+static float weighted_relu_sum(const vf *acc, const float *w, int nb) {
+    vf total = {0};
+    for (int j = 0; j < nb; j++) {
+        vf a = acc[j], zero = {0};
+        vf relu = (vf)((vi)a & (a > zero));
+        total += relu * *(const vf *)(w + j * VL);
+    }
+    float sum = 0.f;
+    for (int i = 0; i < VL; i++) sum += total[i];
+    return sum;
+}
+
+/* fp32 micro-kernel: KB keys (fp32 rows kf[KB][d]) against nb 16-head vectors of qt [d][h] from head hb. */
+static void block_f32(const float *kf, const float *qt, const float *w, int64_t d, int64_t h, int64_t hb, int nb,
+                      float *out) {
+    vf acc[KB][MAX_NB];
+    memset(acc, 0, sizeof acc);
+    for (int64_t i = 0; i < d; i++) {
+        const float *qrow = qt + i * h + hb;
+        vf qv[MAX_NB];
+        for (int j = 0; j < MAX_NB; j++) qv[j] = j < nb ? *(const vf *)(qrow + j * VL) : (vf){0};
+#pragma GCC unroll 4
+        for (int k = 0; k < KB; k++) {
+            float kv = kf[k * d + i];
+#pragma GCC unroll 4
+            for (int j = 0; j < MAX_NB; j++) acc[k][j] += qv[j] * kv;
+        }
+    }
+    for (int k = 0; k < KB; k++) out[k] += weighted_relu_sum(acc[k], w + hb, nb);
+}
+
+#ifdef __AVX512BF16__
+/* bf16 micro-kernel: KB stored bf16 rows against nb 16-head vectors of the pair-packed query qp [d/2][h]. */
+static void block_bf16(const uint16_t *const rows[KB], const uint32_t *qp, const float *w, int64_t d, int64_t h,
+                       int64_t hb, int nb, float *out) {
+    __m512 acc[KB][MAX_NB];
+    for (int k = 0; k < KB; k++)
+        for (int j = 0; j < MAX_NB; j++) acc[k][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < d / 2; p++) {
+        const uint32_t *qrow = qp + p * h + hb;
+        __m512bh qv[MAX_NB];
+        for (int j = 0; j < MAX_NB; j++)
+            qv[j] = (__m512bh)(j < nb ? _mm512_loadu_si512(qrow + j * VL) : _mm512_setzero_si512());
+#pragma GCC unroll 4
+        for (int k = 0; k < KB; k++) {
+            int32_t pair;
+            memcpy(&pair, rows[k] + 2 * p, sizeof pair);
+            __m512bh kv = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+            for (int j = 0; j < MAX_NB; j++) acc[k][j] = _mm512_dpbf16_ps(acc[k][j], qv[j], kv);
+        }
+    }
+    for (int k = 0; k < KB; k++) {
+        vf lanes[MAX_NB];
+        memcpy(lanes, acc[k], sizeof lanes);
+        out[k] += weighted_relu_sum(lanes, w + hb, nb);
+    }
+}
+#endif
+
+/* Scores of keys [start, end) (a multiple of KB apart, except at n), into score[start:end]; -1 when out of
+ * memory. */
+static int score_range(const struct keys *k, const float *qt, const uint32_t *qp, const float *w, int64_t d,
+                       int64_t h, int64_t start, int64_t end, int64_t n, float *score) {
+    float *kf = qp ? NULL : malloc((size_t)(KB * d) * sizeof(float));
+    if (!qp && !kf) return -1;
+    for (int64_t s0 = start; s0 < end; s0 += KB) {
+        const char *rows[KB];
+        for (int i = 0; i < KB; i++) rows[i] = key_row(k, s0 + i < n ? s0 + i : n - 1);
+        float out[KB] = {0};
+        for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
+            int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
+#ifdef __AVX512BF16__
+            if (qp) {
+                block_bf16((const uint16_t *const *)rows, qp, w, d, h, hb, nb, out);
+                continue;
+            }
+#endif
+            if (hb == 0)
+                for (int i = 0; i < KB; i++) row_to_f32(kf + i * d, rows[i], k->dtype, d);
+            block_f32(kf, qt, w, d, h, hb, nb, out);
+        }
+        for (int i = 0; i < KB && s0 + i < end; i++) score[s0 + i] = out[i];
+    }
+    free(kf);
+    return 0;
+}
+
+/* score[0:n] for query q [h][d] (fp32) with head weights w [h] (fp32). Heads are padded to a multiple of 16
+ * with zero queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must
+ * hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
+               int64_t block_size, int64_t n, const float *q, const float *w, int64_t h, int64_t d, int bf16_dot,
+               float *score) {
+    struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
+    int64_t hp = (h + VL - 1) / VL * VL;
+    float *qt = calloc((size_t)(hp * d), sizeof(float));
+    float *wp = calloc((size_t)hp, sizeof(float));
+    uint32_t *qp = bf16_dot ? calloc((size_t)(hp * (d / 2)), sizeof(uint32_t)) : NULL;
+    if (!qt || !wp || (bf16_dot && !qp)) {
+        free(qt);
+        free(wp);
+        free(qp);
+        return -1;
+    }
+    memcpy(wp, w, (size_t)h * sizeof(float));
+    for (int64_t j = 0; j < h; j++)
+        for (int64_t i = 0; i < d; i++) qt[i * hp + j] = q[j * d + i];
+    for (int64_t p = 0; qp && p < d / 2; p++)
+        for (int64_t j = 0; j < h; j++) {
+            uint32_t lo, hi;
+            memcpy(&lo, &q[j * d + 2 * p], 4);
+            memcpy(&hi, &q[j * d + 2 * p + 1], 4);
+            qp[p * hp + j] = (lo >> 16) | (hi & 0xffff0000u);
+        }
+    int64_t blocks = (n + KB - 1) / KB;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        int threads = omp_get_num_threads(), me = omp_get_thread_num();
+        int64_t first = blocks * me / threads, last = blocks * (me + 1) / threads;
+        int64_t start = first * KB, end = last * KB < n ? last * KB : n;
+        if (start < end) failed |= score_range(&k, qt, qp, wp, d, hp, start, end, n, score) != 0;
+    }
+    free(qt);
+    free(wp);
+    free(qp);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,83 @@
+"""ascend_dsa::lightning_indexer decode rows through the native scoring kernel (kernels/native/lightning_indexer.c)
+with bf16 dot products and with its fp32 micro-kernel, and through the torch path (ASCEND_DSA_NATIVE=0), all
+against the fp32 reference: BSND and paged keys, fp32/bf16/fp16, head counts that are not multiples of 16,
+causal and plain masks, fewer visible keys than sparse_count, sequence lengths; the raw scores against brute
+force."""
+import pytest
+import torch
+from test_lightning_indexer import assert_same_topk, make_inputs, scores_of, to_paged
+
+from npu_graph.kernels import lightning_indexer as li
+from npu_graph.kernels import lightning_indexer_native as li_native
+from npu_graph.kernels import native
+
+OP = torch.ops.ascend_dsa.lightning_indexer
+LOADED, WHY = native.available(li_native.NATIVE_SOURCE)
+HAS_BF16_DOT = LOADED and bool(native.load(li_native.NATIVE_SOURCE).lib.li_has_bf16_dot())
+
+
+@pytest.fixture(params=["bf16_dot", "fp32_dot", "torch"])
+def path(request, monkeypatch):
+    """Runs the test with each native micro-kernel (skipped where it cannot run) and with the torch path."""
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    elif not LOADED:
+        pytest.skip(f"native kernel not available: {WHY}")
+    elif request.param == "bf16_dot" and not HAS_BF16_DOT:
+        pytest.skip("this CPU has no bf16 dot products (AVX512-BF16)")
+    monkeypatch.setattr(li_native, "FORCE_FP32_DOT", request.param == "fp32_dot")
+    return request.param
+
+
+def check_path(path, q, key, table=None):
+    scorer = li_native.row_scorer(q, key, table)
+    assert (scorer is not None) == (path != "torch")
+
+
+CASES = [  # batch, s1, n1, d, s2, k, sparse_mode
+    (1, 1, 64, 128, 5000, 512, 3),    # DeepSeek-V3.2 indexer heads and dim
+    (2, 1, 16, 64, 700, 64, 3),       # the reference model's
+    (1, 3, 20, 32, 300, 50, 3),       # a few decode rows (MTP), heads beyond one vector
+    (2, 2, 5, 24, 90, 20, 0),         # no mask, few heads, dim not a multiple of 16
+    (1, 2, 16, 16, 10, 32, 3),        # fewer visible keys than sparse_count: -1 padding
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_matches_reference(case, dtype, path):
+    batch, s1, n1, d, s2, k, mode = case
+    q, key, w = make_inputs(batch, s1, n1, d, s2, dtype, seed=s2)
+    check_path(path, q, key)
+    got = OP(q, key, w, sparse_count=k, sparse_mode=mode)
+    assert_same_topk(got, li.reference_lightning_indexer(q, key, w, sparse_count=k, sparse_mode=mode))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_paged_keys_with_lengths(dtype, block_size, path):
+    q, key, w = make_inputs(2, 1, 16, 64, 1000, dtype, seed=7)
+    cache, table = to_paged(key, block_size, seed=block_size)
+    check_path(path, q, cache, table)
+    lengths_q, lengths_k = torch.tensor([1, 1]), torch.tensor([1000, 613])
+    got = OP(q, cache, w, lengths_q, lengths_k, table, layout_key="PA_BSND", sparse_count=128)
+    want = li.reference_lightning_indexer(q, key, w, lengths_q, lengths_k, sparse_count=128)
+    assert_same_topk(got, want)
+
+
+@pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n1", [1, 16, 33, 64])
+@pytest.mark.parametrize("fp32_dot", [False, True], ids=["bf16_dot_if_any", "fp32_dot"])
+def test_scores_equal_brute_force(dtype, n1, fp32_dot, monkeypatch):
+    """The kernel's scores themselves, every key: fp32 sums of exact products, so fp32 rounding apart."""
+    monkeypatch.setattr(li_native, "FORCE_FP32_DOT", fp32_dot)
+    q, key, w = make_inputs(1, 1, n1, 64, 777, dtype, seed=n1)
+    score = li_native.row_scorer(q, key, None)(0, 777, q[0, 0], w[0, 0])
+    torch.testing.assert_close(score, scores_of(q, key, w)[0, 0], rtol=1e-5, atol=1e-4)
+
+
+def test_switch_off_uses_the_torch_path(monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    q, key, _ = make_inputs(1, 1, 16, 64, 100, torch.bfloat16)
+    assert li_native.row_scorer(q, key, None) is None
