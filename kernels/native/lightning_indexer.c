@@ -7,12 +7,12 @@
  * row s % block_size of block table[s / block_size] (block stride `block_stride` values). Keys are fp32,
  * bf16 or fp16 (fp16 needs the compiler's _Float16: li_has_f16).
  *
- * The scores never form an [H, S] matrix: a block of KB keys is scored for all heads in registers, heads
- * 16 to a vector (the query transposed to [D, H]), and reduced to KB scores at once. Two micro-kernels:
+ * The scores never form an [H, S] matrix: a block of 4 or 8 keys is scored for all heads in registers, heads
+ * 16 to a vector (the query transposed to [D, H]), and reduced to one score per key. Two micro-kernels:
  * - fp32: the block's keys converted to fp32, one fused multiply-add per (key, dim, 16 heads);
  * - bf16 dot products (AVX512-BF16, bf16 query and keys): the query as bf16 pairs [D/2, H], one vdpbf16ps per
  *   (key, pair of dims, 16 heads) straight on the stored keys (products exact, sums in fp32 as above).
- * OpenMP threads take contiguous ranges of blocks.
+ * OpenMP threads take chunks of CHUNK keys dynamically.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -23,8 +23,10 @@
 #endif
 
 #define VL 16      /* fp32 lanes of one vector */
-#define KB 4       /* keys per micro-kernel call */
-#define MAX_NB 4   /* 16-head vectors per micro-kernel call: KB x MAX_NB accumulators */
+#define KB_MAX 8   /* keys per micro-kernel call (8 with one 16-head vector, else 4) */
+#define MAX_NB 4   /* 16-head vectors per micro-kernel call: at most 4 x 4 accumulators */
+#define CHUNK 512  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
+                      sleep takes fewer), a multiple of KB_MAX */
 
 enum { F32 = 0, BF16 = 1, F16 = 2 };
 
@@ -95,80 +97,98 @@ static float weighted_relu_sum(const vf *acc, const float *w, int nb) {
     return sum;
 }
 
-/* fp32 micro-kernel: KB keys (fp32 rows kf[KB][d]) against nb 16-head vectors of qt [d][h] from head hb. */
-static void block_f32(const float *kf, const float *qt, const float *w, int64_t d, int64_t h, int64_t hb, int nb,
-                      float *out) {
-    vf acc[KB][MAX_NB];
-    memset(acc, 0, sizeof acc);
+/* fp32 micro-kernel: kb keys (fp32 rows kf[kb][d]) against nb 16-head vectors of qt [d][h] from head hb.
+ * Always inlined with constant kb and nb, so that the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void block_f32(const float *kf, const float *qt, const float *w,
+                                                            int64_t d, int64_t h, int64_t hb, const int kb,
+                                                            const int nb, float *out) {
+    vf acc[KB_MAX][MAX_NB] = {{{0}}};
     for (int64_t i = 0; i < d; i++) {
         const float *qrow = qt + i * h + hb;
         vf qv[MAX_NB];
-        for (int j = 0; j < MAX_NB; j++) qv[j] = j < nb ? *(const vf *)(qrow + j * VL) : (vf){0};
-#pragma GCC unroll 4
-        for (int k = 0; k < KB; k++) {
+        for (int j = 0; j < nb; j++) qv[j] = *(const vf *)(qrow + j * VL);
+        for (int k = 0; k < kb; k++) {
             float kv = kf[k * d + i];
-#pragma GCC unroll 4
-            for (int j = 0; j < MAX_NB; j++) acc[k][j] += qv[j] * kv;
+            for (int j = 0; j < nb; j++) acc[k][j] += qv[j] * kv;
         }
     }
-    for (int k = 0; k < KB; k++) out[k] += weighted_relu_sum(acc[k], w + hb, nb);
+    for (int k = 0; k < kb; k++) out[k] += weighted_relu_sum(acc[k], w + hb, nb);
 }
 
 #ifdef __AVX512BF16__
-/* bf16 micro-kernel: KB stored bf16 rows against nb 16-head vectors of the pair-packed query qp [d/2][h]. */
-static void block_bf16(const uint16_t *const rows[KB], const uint32_t *qp, const float *w, int64_t d, int64_t h,
-                       int64_t hb, int nb, float *out) {
-    __m512 acc[KB][MAX_NB];
-    for (int k = 0; k < KB; k++)
-        for (int j = 0; j < MAX_NB; j++) acc[k][j] = _mm512_setzero_ps();
+/* bf16 micro-kernel: kb stored bf16 rows against nb 16-head vectors of the pair-packed query qp [d/2][h]. */
+static inline __attribute__((always_inline)) void block_bf16(const char *const *rows, const uint32_t *qp,
+                                                             const float *w, int64_t d, int64_t h, int64_t hb,
+                                                             const int kb, const int nb, float *out) {
+    __m512 acc[KB_MAX][MAX_NB];
+    for (int k = 0; k < kb; k++)
+        for (int j = 0; j < nb; j++) acc[k][j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < d / 2; p++) {
         const uint32_t *qrow = qp + p * h + hb;
         __m512bh qv[MAX_NB];
-        for (int j = 0; j < MAX_NB; j++)
-            qv[j] = (__m512bh)(j < nb ? _mm512_loadu_si512(qrow + j * VL) : _mm512_setzero_si512());
-#pragma GCC unroll 4
-        for (int k = 0; k < KB; k++) {
+        for (int j = 0; j < nb; j++) qv[j] = (__m512bh)_mm512_loadu_si512(qrow + j * VL);
+        for (int k = 0; k < kb; k++) {
             int32_t pair;
-            memcpy(&pair, rows[k] + 2 * p, sizeof pair);
+            memcpy(&pair, rows[k] + 4 * p, sizeof pair);
             __m512bh kv = (__m512bh)_mm512_set1_epi32(pair);
-#pragma GCC unroll 4
-            for (int j = 0; j < MAX_NB; j++) acc[k][j] = _mm512_dpbf16_ps(acc[k][j], qv[j], kv);
+            for (int j = 0; j < nb; j++) acc[k][j] = _mm512_dpbf16_ps(acc[k][j], qv[j], kv);
         }
     }
-    for (int k = 0; k < KB; k++) {
+    for (int k = 0; k < kb; k++) {
         vf lanes[MAX_NB];
-        memcpy(lanes, acc[k], sizeof lanes);
+        memcpy(lanes, acc[k], (size_t)nb * sizeof(vf));
         out[k] += weighted_relu_sum(lanes, w + hb, nb);
     }
 }
 #endif
 
-/* Scores of keys [start, end) (a multiple of KB apart, except at n), into score[start:end]; -1 when out of
- * memory. */
-static int score_range(const struct keys *k, const float *qt, const uint32_t *qp, const float *w, int64_t d,
-                       int64_t h, int64_t start, int64_t end, int64_t n, float *score) {
-    float *kf = qp ? NULL : malloc((size_t)(KB * d) * sizeof(float));
-    if (!qp && !kf) return -1;
-    for (int64_t s0 = start; s0 < end; s0 += KB) {
-        const char *rows[KB];
-        for (int i = 0; i < KB; i++) rows[i] = key_row(k, s0 + i < n ? s0 + i : n - 1);
-        float out[KB] = {0};
+/* The rows of keys s0 .. s0+kb-1 (clamped to n-1): one block-table lookup unless the keys cross a block. */
+static void key_rows(const struct keys *k, int64_t s0, int kb, int64_t n, const char **rows) {
+    size_t item = k->dtype == F32 ? 4 : 2;
+    const char *first = key_row(k, s0);
+    int64_t room = k->table ? k->block_size - s0 % k->block_size : kb;
+    for (int i = 0; i < kb; i++)
+        rows[i] = s0 + i >= n ? key_row(k, n - 1)
+                : i < room  ? first + (int64_t)i * k->row_stride * (int64_t)item
+                            : key_row(k, s0 + i);
+}
+
+/* One block of kb keys scored for every head into out[kb], nb (1..4) 16-head vectors at a time. */
+#define SCORE_BLOCK(KB_, NB_)                                                                  \
+    do {                                                                                       \
+        if (qp) {                                                                              \
+            BF16_BLOCK(KB_, NB_);                                                              \
+        } else {                                                                               \
+            block_f32(kf, qt, w, d, h, hb, KB_, NB_, out);                                     \
+        }                                                                                      \
+    } while (0)
+#ifdef __AVX512BF16__
+#define BF16_BLOCK(KB_, NB_) block_bf16(rows, qp, w, d, h, hb, KB_, NB_, out)
+#else
+#define BF16_BLOCK(KB_, NB_) ((void)0)
+#endif
+
+/* Scores of keys [start, end) into score[start:end], kf a buffer of KB_MAX fp32 rows (unused with qp). One
+ * 16-head vector takes blocks of 8 keys (8 independent accumulators), more vectors 4 keys (up to 16). */
+static void score_range(const struct keys *k, const float *qt, const uint32_t *qp, const float *w, int64_t d,
+                        int64_t h, int64_t start, int64_t end, int64_t n, float *kf, float *score) {
+    int kb = h == VL ? KB_MAX : KB_MAX / 2;
+    for (int64_t s0 = start; s0 < end; s0 += kb) {
+        const char *rows[KB_MAX];
+        key_rows(k, s0, kb, n, rows);
+        if (!qp)
+            for (int i = 0; i < kb; i++) row_to_f32(kf + i * d, rows[i], k->dtype, d);
+        float out[KB_MAX] = {0};
         for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
             int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
-#ifdef __AVX512BF16__
-            if (qp) {
-                block_bf16((const uint16_t *const *)rows, qp, w, d, h, hb, nb, out);
-                continue;
-            }
-#endif
-            if (hb == 0)
-                for (int i = 0; i < KB; i++) row_to_f32(kf + i * d, rows[i], k->dtype, d);
-            block_f32(kf, qt, w, d, h, hb, nb, out);
+            if (kb == KB_MAX) SCORE_BLOCK(KB_MAX, 1);
+            else if (nb == 1) SCORE_BLOCK(KB_MAX / 2, 1);
+            else if (nb == 2) SCORE_BLOCK(KB_MAX / 2, 2);
+            else if (nb == 3) SCORE_BLOCK(KB_MAX / 2, 3);
+            else SCORE_BLOCK(KB_MAX / 2, 4);
         }
-        for (int i = 0; i < KB && s0 + i < end; i++) score[s0 + i] = out[i];
+        for (int i = 0; i < kb && s0 + i < end; i++) score[s0 + i] = out[i];
     }
-    free(kf);
-    return 0;
 }
 
 /* score[0:n] for query q [h][d] (fp32) with head weights w [h] (fp32). Heads are padded to a multiple of 16
@@ -198,14 +218,18 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
             memcpy(&hi, &q[j * d + 2 * p + 1], 4);
             qp[p * hp + j] = (lo >> 16) | (hi & 0xffff0000u);
         }
-    int64_t blocks = (n + KB - 1) / KB;
+    int64_t chunks = (n + CHUNK - 1) / CHUNK;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        int threads = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t first = blocks * me / threads, last = blocks * (me + 1) / threads;
-        int64_t start = first * KB, end = last * KB < n ? last * KB : n;
-        if (start < end) failed |= score_range(&k, qt, qp, wp, d, hp, start, end, n, score) != 0;
+        float *kf = bf16_dot ? NULL : malloc((size_t)(KB_MAX * d) * sizeof(float));
+        failed = !bf16_dot && !kf;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t c = 0; c < chunks; c++)
+            if (!failed)
+                score_range(&k, qt, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n, kf,
+                            score);
+        free(kf);
     }
     free(qt);
     free(wp);
