@@ -18,6 +18,7 @@ to fp32 would cost more than the GEMM itself.
 import torch
 import torch.nn.functional as F
 
+from npu_graph.kernels import skinny_mm
 from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "fused_moe"
@@ -52,8 +53,8 @@ def _check_ids(topk_ids: torch.Tensor, experts: int) -> None:
 
 def _swiglu_expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """w2 @ (silu(gate) * up) for the rows of x [n,H] with one expert's weights."""
-    gate, up = F.linear(x, w13).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w2)
+    gate, up = skinny_mm.linear(x, w13).chunk(2, dim=-1)
+    return skinny_mm.linear(F.silu(gate) * up, w2)
 
 
 def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

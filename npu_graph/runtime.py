@@ -4,7 +4,8 @@ It is generated Python source (a `forward(self, *inputs)` function, and optional
 parameters whose outputs forward takes as extra inputs, and one `superkernel_N` function per SuperKernel
 region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
 and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
-longer needs them).
+longer needs them). When it is built, fused-op calls are bound to their Python implementations
+(direct_calls) and decode-sized aten.mm calls to the native streaming product (skinny_mm).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from npu_graph.direct_calls import bind_direct_calls
+from npu_graph.kernels import skinny_mm
 from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.superkernel import bind_regions
 
@@ -43,7 +45,8 @@ class CompiledGraph:
         self.globals_ = globals_
         self.param_indices = param_indices
         runnable, direct = bind_direct_calls(source)
-        namespace = {**globals_, **direct}
+        runnable, products = skinny_mm.bind(runnable)
+        namespace = {**globals_, **direct, **products}
         exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")

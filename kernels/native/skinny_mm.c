@@ -1,0 +1,64 @@
+/* y = x @ w and y = x @ w^T for a few rows of x (decode-sized linear layers), fp32, for kernels/skinny_mm.py;
+ * kernels/native.py builds and loads this file. Plain C, no torch headers.
+ *
+ * sm_mm: x [M][K] (row stride ldx), w [K][N] (row stride ldw, rows contiguous), y [M][N] contiguous. At decode a
+ * linear layer reads its whole weight matrix for one row of x, so its time is the time to stream w from
+ * memory: each OpenMP thread streams a contiguous range of w's rows (what hardware prefetchers follow best)
+ * into its own partial [M][N] in cache, and the partials are summed after a barrier, the threads splitting
+ * the columns. sm_mm_nt: w [N][K] (an nn.Linear weight as stored): each thread streams a contiguous range of
+ * w's rows, one dot product per row and row of x. fp32 sums in a different order than a BLAS gemm: results
+ * agree to fp32 rounding.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Returns 0, or -1 when the partial sums could not be allocated. */
+int sm_mm(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t ldw, int64_t N, float *y) {
+    int threads = omp_get_max_threads();
+    size_t per_thread = (size_t)(M * N);
+    float *part = malloc((size_t)threads * per_thread * sizeof(float));
+    if (!part) return -1;
+#pragma omp parallel num_threads(threads)
+    {
+        int me = omp_get_thread_num(), n = omp_get_num_threads();
+        int64_t k0 = K * me / n, k1 = K * (me + 1) / n;
+        float *acc = part + (size_t)me * per_thread;
+        memset(acc, 0, per_thread * sizeof(float));
+        for (int64_t k = k0; k < k1; k++) {
+            const float *restrict row = w + k * ldw;
+            for (int64_t m = 0; m < M; m++) {
+                float xv = x[m * ldx + k];
+                float *restrict a = acc + m * N;
+#pragma omp simd
+                for (int64_t j = 0; j < N; j++) a[j] += xv * row[j];
+            }
+        }
+#pragma omp barrier
+        int64_t j0 = (int64_t)per_thread * me / n, j1 = (int64_t)per_thread * (me + 1) / n;
+        for (int64_t j = j0; j < j1; j++) {
+            float s = 0.0f;
+            for (int t = 0; t < n; t++) s += part[(size_t)t * per_thread + j];
+            y[j] = s;
+        }
+    }
+    free(part);
+    return 0;
+}
+
+/* y [M][N] = x [M][K] @ w^T for w [N][K] (row stride ldw). */
+void sm_mm_nt(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t ldw, int64_t N,
+              float *y) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *restrict row = w + n * ldw;
+        for (int64_t m = 0; m < M; m++) {
+            const float *restrict xm = x + m * ldx;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < K; k++) s += xm[k] * row[k];
+            y[m * N + n] = s;
+        }
+    }
+}

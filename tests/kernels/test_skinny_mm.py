@@ -1,0 +1,90 @@
+"""kernels/skinny_mm: the native decode-sized products (x @ w and x @ w.T for at most 4 rows of fp32) within the
+error bound of fp32 summation of the exact product, on random inputs, odd sizes and strided operands;
+everything else falls back to torch unchanged; the runtime binding of the generated source's aten.mm calls."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from npu_graph.kernels import native, skinny_mm
+
+LOADED, WHY = native.available(skinny_mm.NATIVE_SOURCE)
+needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+
+
+def assert_within_fp32_summation_bound(out, x, w):
+    """|out - x @ w| <= K·u·(|x| @ |w|), exact product in float64: the bound of fp32 sums in any order."""
+    exact = x.double() @ w.double()
+    bound = x.shape[1] * 2.0 ** -24 * (x.double().abs() @ w.double().abs()) + 1e-30
+    assert out.dtype == torch.float32 and out.shape == exact.shape
+    assert ((out.double() - exact).abs() <= bound).all()
+
+
+def no_torch_fallback(monkeypatch):
+    """Make the torch fallbacks raise, so a test shows that the native kernel did the work."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("fell back to torch")
+    monkeypatch.setattr(skinny_mm, "_aten_mm", refuse)
+    monkeypatch.setattr(skinny_mm.F, "linear", refuse)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("inner", "cols"), [(512, 512), (7, 33), (1, 1), (300, 1000), (64, 16)])
+def test_native_products_match_torch(rows, inner, cols, monkeypatch):
+    g = torch.Generator().manual_seed(rows * inner + cols)
+    x = torch.randn(rows, inner, generator=g)
+    w = torch.randn(inner, cols, generator=g)
+    w_nt = torch.randn(cols, inner, generator=g)
+    no_torch_fallback(monkeypatch)
+    assert_within_fp32_summation_bound(skinny_mm.mm(x, w), x, w)
+    assert_within_fp32_summation_bound(skinny_mm.linear(x, w_nt), x, w_nt.t())
+
+
+@needs_native
+def test_strided_rows(monkeypatch):
+    """Rows of x and w taken from wider tensors (row strides larger than the row) are read in place."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 100, generator=g)[:, 10:74]
+    w = torch.randn(64, 90, generator=g)[:, 5:45]
+    w_nt = torch.randn(40, 80, generator=g)[:, 8:72]
+    no_torch_fallback(monkeypatch)
+    assert_within_fp32_summation_bound(skinny_mm.mm(x, w), x, w)
+    assert_within_fp32_summation_bound(skinny_mm.linear(x, w_nt), x, w_nt.t())
+
+
+@pytest.mark.parametrize("case", ["bf16", "five_rows", "column_major_weight", "transposed_x", "empty"])
+def test_other_products_are_torch_unchanged(case):
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 16, generator=g), torch.randn(16, 8, generator=g)
+    if case == "bf16":
+        x, w = x.bfloat16(), w.bfloat16()
+    elif case == "five_rows":
+        x = torch.randn(5, 16, generator=g)
+    elif case == "column_major_weight":
+        w = torch.randn(8, 16, generator=g).t()
+    elif case == "transposed_x":
+        x = torch.randn(16, 2, generator=g).t()
+    else:
+        x = torch.randn(0, 16)
+    assert torch.equal(skinny_mm.mm(x, w), torch.mm(x, w))
+
+
+def test_switched_off_and_autograd_use_torch(monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(1, 32, generator=g), torch.randn(32, 8, generator=g, requires_grad=True)
+    out = skinny_mm.mm(x, w)
+    out.sum().backward()
+    assert out.requires_grad and torch.equal(w.grad, x.t().expand(32, 8))
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    plain = w.detach()
+    assert torch.equal(skinny_mm.mm(x, plain), torch.mm(x, plain))
+    assert torch.equal(skinny_mm.linear(x, plain.t().contiguous()), F.linear(x, plain.t().contiguous()))
+
+
+def test_bind_rewrites_only_mm_calls():
+    source = ("def forward(self, a, b):\n    c = torch.ops.aten.mm.default(a, b)\n"
+              "    return torch.ops.aten.bmm.default(c, c)\n")
+    bound, names = skinny_mm.bind(source)
+    assert f"{skinny_mm.NAME}(a, b)" in bound and "torch.ops.aten.bmm.default(c, c)" in bound
+    assert names == {skinny_mm.NAME: skinny_mm.mm}
+    assert skinny_mm.bind("def forward(self, a):\n    return a\n") == ("def forward(self, a):\n    return a\n", {})
