@@ -421,11 +421,11 @@ def _prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, lim
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,
                 limits: list[int], k: int, prefilter: bool,
-                score_row: Callable[..., Tensor] | None) -> list[tuple[int, int, Tensor, Tensor]]:
+                top_row: Callable[..., tuple[Tensor, Tensor]] | None) -> list[tuple[int, int, Tensor, Tensor]]:
     """(first row, last row, indices, values) blocks covering the valid query rows of batch b."""
     n1 = query.shape[2]
     per_row = len(limits) <= PREFILTER_MAX_ROWS
-    if per_row and (prefilter or score_row is not None):
+    if per_row and (prefilter or top_row is not None):
         blocks = [(t, t + 1) for t in range(len(limits))]
     else:
         step = max(1, SCORE_BUDGET // (KEY_CHUNK * n1))
@@ -434,9 +434,8 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
     for t0, t1 in blocks:
         if max(limits[t0:t1]) == 0:
             continue
-        if score_row is not None and per_row:
-            scores = score_row(b, limits[t0], query[b, t0], w[b, t0]).unsqueeze(0)
-            out.append((t0, t1, *_pad_topk(scores, torch.arange(limits[t0]), k)))
+        if top_row is not None and per_row:
+            out.append((t0, t1, *top_row(b, limits[t0], query[b, t0], w[b, t0])))
             continue
         if prefilter and t1 - t0 == 1 and limits[t0] > 2 * k:
             out.append((t0, t1, *_prefiltered_topk(keys, b, query[b, t0], w[b, t0], limits[t0], k)))
@@ -456,15 +455,15 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     keys = KeyReader(key, key_scale, block_table)
     w = weights.float()
     prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
-    score_row = None if query_scale is not None or key_scale is not None else \
-        lightning_indexer_native.row_scorer(query, key, block_table)
+    top_row = None if query_scale is not None or key_scale is not None else \
+        lightning_indexer_native.row_topk(query, key, block_table, sparse_count)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
         for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter,
-                                            score_row):
+                                            top_row):
             indices[b, t0:t1, 0] = idx
             values[b, t0:t1, 0] = val
     return indices, values

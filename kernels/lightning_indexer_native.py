@@ -27,12 +27,13 @@ FORCE_FP32_DOT = False  # tests set it to check the fp32 micro-kernel on CPUs wi
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool, bool]:
-    fn = lib.li_scores
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool]:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_int, ptr]
-    fn.restype = ctypes.c_int
-    return fn, bool(lib.li_has_f16()), bool(lib.li_has_bf16_dot())
+    scores, topk = lib.li_scores, lib.li_topk
+    scores.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_int, ptr]
+    topk.argtypes = [ptr, i64, i64, ptr, ptr]
+    scores.restype = topk.restype = ctypes.c_int
+    return scores, topk, bool(lib.li_has_f16()), bool(lib.li_has_bf16_dot())
 
 
 def _readable(key: Tensor) -> bool:
@@ -40,17 +41,23 @@ def _readable(key: Tensor) -> bool:
     return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in CODES
 
 
-def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, bool] | None:
-    """(the scoring function, whether to use bf16 dot products) for these inputs, or None (module docstring)."""
+def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
+    """(the scoring function, the top-k function, whether to use bf16 dot products) for these inputs, or None
+    (module docstring)."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or query.dtype not in CODES or not _readable(key):
         return None
-    fn, has_f16, has_bf16_dot = _typed(loaded.lib)
+    scores, topk, has_f16, has_bf16_dot = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
     bf16_dot = has_bf16_dot and not FORCE_FP32_DOT and query.dtype == key.dtype == torch.bfloat16 \
         and query.shape[3] % 2 == 0
-    return fn, bf16_dot
+    return scores, topk, bf16_dot
+
+
+def _out_of_memory(what: str) -> MemoryError:
+    return MemoryError(f"lightning_indexer: the native kernel could not allocate its buffers ({what}); set "
+                       f"{native.ENV_SWITCH}=0 to use the torch path")
 
 
 def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor] | None:
@@ -59,7 +66,7 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
     found = _kernel(query, key)
     if found is None:
         return None
-    fn, bf16_dot = found
+    fn, _, bf16_dot = found
     code, row_stride = CODES[key.dtype], key.stride(1)
     table = None if block_table is None else block_table.to(torch.int32).contiguous()
 
@@ -71,11 +78,34 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
             where = (key[b].data_ptr(), 0, None, 1)
         else:
             where = (key.data_ptr(), key.stride(0), table[b].data_ptr(), key.shape[1])
-        status = fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(), w.data_ptr(),
-                    heads, dim, int(bf16_dot), out.data_ptr())
-        if status != 0:
-            raise MemoryError(f"lightning_indexer: the native kernel could not allocate its buffers ({limit} keys, "
-                              f"{heads} heads of dim {dim}); set {native.ENV_SWITCH}=0 to use the torch path")
+        if fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(), w.data_ptr(), heads,
+              dim, int(bf16_dot), out.data_ptr()):
+            raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
         return out
 
     return score
+
+
+def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
+             k: int) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """`topk(b, limit, q_row, w_row) -> (indices [1, k] int32, values [1, k] fp32)`: row_scorer's scores and
+    their k largest, sorted descending (equal scores by position), -1 / -inf padding when limit < k; None
+    when the native kernel does not take these inputs."""
+    score, found = row_scorer(query, key, block_table), _kernel(query, key)
+    if score is None:
+        return None
+    select = found[1]
+
+    def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> tuple[Tensor, Tensor]:
+        return select_topk(select, score(b, limit, q_row, w_row), k)
+
+    return topk
+
+
+def select_topk(select: ctypes._CFuncPtr, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest of scores [n] (fp32, contiguous) by the native radix select: (positions [1, k] int32,
+    values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding when n < k."""
+    indices, values = torch.empty(1, k, dtype=torch.int32), torch.empty(1, k)
+    if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()):
+        raise _out_of_memory(f"top {k} of {scores.numel()} keys")
+    return indices, values

@@ -81,3 +81,31 @@ def test_switch_off_uses_the_torch_path(monkeypatch):
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     q, key, _ = make_inputs(1, 1, 16, 64, 100, torch.bfloat16)
     assert li_native.row_scorer(q, key, None) is None
+
+
+def native_select():
+    return li_native._typed(native.load(li_native.NATIVE_SOURCE).lib)[1]
+
+
+@pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+@pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777)])
+@pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf"])
+def test_native_topk_equals_torch_topk(n, k, values):
+    """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first."""
+    g = torch.Generator().manual_seed(n + k)
+    scores = torch.randn(n, generator=g)
+    if values == "ties":
+        scores = scores.mul(3).round()
+    elif values == "negative_and_inf" and n:
+        scores = -scores.abs()
+        scores[:: max(1, n // 7)] = float("-inf")
+        scores[1 % n] = float("inf")
+    indices, got = li_native.select_topk(native_select(), scores, k)
+    take = min(n, k)
+    want = scores.topk(take).values
+    assert torch.equal(got[0, :take], want) and (got[0, take:] == float("-inf")).all()
+    assert (indices[0, take:] == -1).all()
+    chosen = indices[0, :take].long()
+    assert torch.equal(scores[chosen], want) and chosen.unique().numel() == take
+    ordered = sorted(range(n), key=lambda i: (-scores[i].item(), i))[:take]
+    assert chosen.tolist() == ordered
