@@ -4,12 +4,14 @@
  * For every query token t of one batch row: over the KV rows its sparse_indices select (struct selection),
  *   logit[r] = scale_value * (q[t,h] . kv[r] + q_rope[t,h] . rope[r])
  *   out[t,h] = sum_r softmax(logit)[r] * value[r],  smax[t,h] = max logit,  ssum[t,h] = sum exp(logit - smax)
- * in fp32. Each selected row is read once: a chunk of CHUNK rows is converted to fp32 into a per-thread buffer,
- * scored for all heads, and folded into a running (max, sum, out) with an online softmax. A token's rows are
+ * in fp32. Each selected row is read once: a chunk of CHUNK rows (fp32 rows where they are stored, other
+ * dtypes converted to fp32 into a per-thread buffer) is scored for all heads and folded into a running
+ * (max, sum, out) with an online softmax. A token's rows are
  * split across the OpenMP threads when there are fewer tokens than threads; the partial results are merged.
  * Heads are padded to a multiple of 16 and head dims to a multiple of 16 in the buffers (zeros), so that the
  * micro-kernels work on whole vectors: logits hold 16 heads of one row per vector (query transposed), the
- * weighted sum 16 heads x 16 dims in registers over the chunk's rows. fp16 rows need the compiler's _Float16
+ * weighted sum 16 heads x 16 dims in registers over the chunk's rows; with at most 8 heads the fp32
+ * micro-kernels and the softmax work on 8 (half the work of padding them to 16). fp16 rows need the compiler's _Float16
  * (sfa_has_f16); the bf16 mode needs AVX512-BF16 (sfa_has_bf16_dot); the caller checks both.
  */
 #include <math.h>
@@ -100,6 +102,7 @@ static inline float exp_neg(float x) {
 
 struct shape {
     int64_t H, Hp, DL, DLp, DR, DRp;
+    int64_t Ha;         /* heads the fp32 micro-kernels and the softmax work on: 8 when H <= 8, else Hp */
     float scale;
     int bf16;           /* bf16 dot products straight from the stored rows (see the AVX512-BF16 section) */
 };
@@ -110,61 +113,78 @@ struct source {
     int kv_dtype, rope_dtype;
 };
 
-/* s[r][Hp] = kbuf[r] . qT + rbuf[r] . qrT for r < n (rows padded to RB; extra rows give unused logits). */
-static void logits(const struct shape *sh, const float *kbuf, const float *rbuf, const float *qT,
+typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float vf_unaligned __attribute__((vector_size(VL * sizeof(float)), aligned(4)));   /* stored rows */
+
+/* The logits micro-kernel for one head block: RB rows (pointers; past n the last row again) against W heads of
+ * the transposed query (W = 16: vf, 8: vf8), into s[r][hb .. hb+W). */
+#define LOGITS_BLOCK(T, W)                                                                            \
+    do {                                                                                               \
+        T acc[RB] = {0};                                                                               \
+        for (int64_t d = 0; d < sh->DLp; d++) {                                                        \
+            T qv = *(const T *)(qT + d * sh->Hp + hb);                                                 \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) acc[i] += k[i][d] * qv;               \
+        }                                                                                              \
+        for (int64_t d = 0; rrow && d < sh->DRp; d++) {                                               \
+            T qv = *(const T *)(qrT + d * sh->Hp + hb);                                                \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) acc[i] += r[i][d] * qv;               \
+        }                                                                                              \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) *(T *)(s + (r0 + i) * sh->Hp + hb) = acc[i]; \
+    } while (0)
+
+/* s[r][h] = krow[r] . qT[:, h] + rrow[r] . qrT[:, h] for r < n and the first Ha heads (rows padded to RB;
+ * extra rows give unused logits). */
+static void logits(const struct shape *sh, const float *const *krow, const float *const *rrow, const float *qT,
                    const float *qrT, int64_t n, float *s) {
-    for (int64_t hb = 0; hb < sh->Hp; hb += VL) {
-        for (int64_t r0 = 0; r0 < n; r0 += RB) {
-            vf acc[RB] = {0};
-            const float *k0 = kbuf + r0 * sh->DLp;
-            for (int64_t d = 0; d < sh->DLp; d++) {
-                vf qv = *(const vf *)(qT + d * sh->Hp + hb);
-#pragma GCC unroll 8
-                for (int i = 0; i < RB; i++) acc[i] += k0[i * sh->DLp + d] * qv;
-            }
-            if (rbuf) {
-                const float *r0p = rbuf + r0 * sh->DRp;
-                for (int64_t d = 0; d < sh->DRp; d++) {
-                    vf qv = *(const vf *)(qrT + d * sh->Hp + hb);
-#pragma GCC unroll 8
-                    for (int i = 0; i < RB; i++) acc[i] += r0p[i * sh->DRp + d] * qv;
-                }
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < RB; i++) *(vf *)(s + (r0 + i) * sh->Hp + hb) = acc[i];
+    for (int64_t r0 = 0; r0 < n; r0 += RB) {
+        const float *k[RB], *r[RB];
+        for (int i = 0; i < RB; i++) {
+            k[i] = krow[r0 + i < n ? r0 + i : n - 1];
+            r[i] = rrow ? rrow[r0 + i < n ? r0 + i : n - 1] : NULL;
+        }
+        if (sh->Ha == 8) {
+            int64_t hb = 0;
+            LOGITS_BLOCK(vf8, 8);
+        } else {
+            for (int64_t hb = 0; hb < sh->Hp; hb += VL) LOGITS_BLOCK(vf, VL);
         }
     }
 }
 
-/* acc[h][DLp] += sum_{r<n} p[r][h] * vbuf[r] for all Hp heads, 16 heads x 16 lanes in registers. */
-static void weighted_values(const struct shape *sh, const float *p, const float *vbuf, int64_t n, float *acc) {
-    for (int64_t h0 = 0; h0 < sh->Hp; h0 += VL) {
-        for (int64_t d = 0; d < sh->DLp; d += VL) {
-            vf a[VL];
-#pragma GCC unroll 16
-            for (int i = 0; i < VL; i++) a[i] = *(vf *)(acc + (h0 + i) * sh->DLp + d);
-            for (int64_t r = 0; r < n; r++) {
-                vf v = *(const vf *)(vbuf + r * sh->DLp + d);
-                const float *pr = p + r * sh->Hp + h0;
-#pragma GCC unroll 16
-                for (int i = 0; i < VL; i++) a[i] += pr[i] * v;
-            }
-#pragma GCC unroll 16
-            for (int i = 0; i < VL; i++) *(vf *)(acc + (h0 + i) * sh->DLp + d) = a[i];
-        }
+/* acc[h][DLp] += sum_{r<n} p[r][h] * vrow[r] for a block of W heads from h0, W heads x 16 lanes in registers. */
+#define VALUES_BLOCK(W)                                                                               \
+    for (int64_t d = 0; d < sh->DLp; d += VL) {                                                        \
+        vf a[W];                                                                                       \
+        _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) a[i] = *(vf *)(acc + (h0 + i) * sh->DLp + d); \
+        for (int64_t r = 0; r < n; r++) {                                                              \
+            vf v = *(const vf_unaligned *)(vrow[r] + d);                                               \
+            const float *pr = p + r * sh->Hp + h0;                                                     \
+            _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) a[i] += pr[i] * v;                    \
+        }                                                                                              \
+        _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) *(vf *)(acc + (h0 + i) * sh->DLp + d) = a[i]; \
     }
+
+/* acc[h][DLp] += sum_{r<n} p[r][h] * vrow[r] for the first Ha heads. */
+static void weighted_values(const struct shape *sh, const float *p, const float *const *vrow, int64_t n,
+                            float *acc) {
+    if (sh->Ha == 8) {
+        int64_t h0 = 0;
+        VALUES_BLOCK(8)
+        return;
+    }
+    for (int64_t h0 = 0; h0 < sh->Hp; h0 += VL) VALUES_BLOCK(VL)
 }
 
 /* Online softmax step: s[r][h] (r < n) become exp(s - m_new); m, l and acc are rescaled to the new max. */
 static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, float *l, float *acc) {
-    int64_t Hp = sh->Hp;
-    float mc[Hp], corr[Hp], sum[Hp];
-    for (int64_t h = 0; h < Hp; h++) mc[h] = m[h];
+    int64_t Hp = sh->Hp, Ha = sh->Ha;
+    float mc[Ha], corr[Ha], sum[Ha];
+    for (int64_t h = 0; h < Ha; h++) mc[h] = m[h];
     for (int64_t r = 0; r < n; r++)
 #pragma omp simd
-        for (int64_t h = 0; h < Hp; h++) mc[h] = s[r * Hp + h] > mc[h] ? s[r * Hp + h] : mc[h];
+        for (int64_t h = 0; h < Ha; h++) mc[h] = s[r * Hp + h] > mc[h] ? s[r * Hp + h] : mc[h];
     int rescale = 0;
-    for (int64_t h = 0; h < Hp; h++) {
+    for (int64_t h = 0; h < Ha; h++) {
         corr[h] = m[h] == mc[h] ? 1.0f : exp_neg(m[h] - mc[h]);
         rescale |= corr[h] != 1.0f && l[h] != 0.0f;
         m[h] = mc[h];
@@ -172,14 +192,14 @@ static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, 
     }
     for (int64_t r = 0; r < n; r++)
 #pragma omp simd
-        for (int64_t h = 0; h < Hp; h++) {
+        for (int64_t h = 0; h < Ha; h++) {
             float e = exp_neg(s[r * Hp + h] - mc[h]);
             s[r * Hp + h] = e;
             sum[h] += e;
         }
-    for (int64_t h = 0; h < Hp; h++) l[h] = l[h] * corr[h] + sum[h];
+    for (int64_t h = 0; h < Ha; h++) l[h] = l[h] * corr[h] + sum[h];
     if (rescale)
-        for (int64_t h = 0; h < Hp; h++)
+        for (int64_t h = 0; h < Ha; h++)
 #pragma omp simd
             for (int64_t d = 0; d < sh->DLp; d++) acc[h * sh->DLp + d] *= corr[h];
 }
@@ -193,16 +213,33 @@ static void prefetch_chunk(const struct shape *sh, const struct source *src, con
     }
 }
 
-/* Converts the chunk's rows into kbuf (and rbuf, vbuf). */
-static void convert_chunk(const struct shape *sh, const struct source *src, const int64_t *rows, int64_t n,
-                          float *kbuf, float *rbuf, float *vbuf) {
+/* fp32 rows of width `d` (padded to dp) for the chunk's rows of one tensor: the stored rows themselves when they
+ * are fp32 and need no padding, else converted into buf. */
+static void chunk_rows(const char *base, int64_t stride, int dtype, int64_t d, int64_t dp, const int64_t *rows,
+                       int64_t n, float *buf, const float **out) {
     for (int64_t i = 0; i < n; i++) {
-        to_f32(kbuf + i * sh->DLp, src->kv + rows[i] * src->kv_stride, src->kv_dtype, sh->DL, sh->DLp);
-        if (src->rope)
-            to_f32(rbuf + i * sh->DRp, src->rope + rows[i] * src->rope_stride, src->rope_dtype, sh->DR, sh->DRp);
-        if (src->value)
-            to_f32(vbuf + i * sh->DLp, src->value + rows[i] * src->value_stride, src->kv_dtype, sh->DL, sh->DLp);
+        const char *row = base + rows[i] * stride;
+        if (dtype == F32 && d == dp) {
+            out[i] = (const float *)row;
+        } else {
+            to_f32(buf + i * dp, row, dtype, d, dp);
+            out[i] = buf + i * dp;
+        }
     }
+}
+
+/* One chunk in fp32: row pointers (converting rows that are not fp32), logits, online softmax step, weighted
+ * sum. */
+static void chunk_f32(const struct shape *sh, const struct source *src, const float *qT, const float *qrT,
+                      const int64_t *rows, int64_t n, float *kbuf, float *rbuf, float *vbuf, float *s, float *m,
+                      float *l, float *acc) {
+    const float *krow[CHUNK], *rrow[CHUNK], *vrow[CHUNK];
+    chunk_rows(src->kv, src->kv_stride, src->kv_dtype, sh->DL, sh->DLp, rows, n, kbuf, krow);
+    if (src->rope) chunk_rows(src->rope, src->rope_stride, src->rope_dtype, sh->DR, sh->DRp, rows, n, rbuf, rrow);
+    if (src->value) chunk_rows(src->value, src->value_stride, src->kv_dtype, sh->DL, sh->DLp, rows, n, vbuf, vrow);
+    logits(sh, krow, src->rope ? rrow : NULL, qT, qrT, n, s);
+    softmax_step(sh, s, n, m, l, acc);
+    weighted_values(sh, s, src->value ? vrow : krow, n, acc);
 }
 
 #ifdef __AVX512BF16__
@@ -363,10 +400,7 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
         } else
 #endif
         {
-            convert_chunk(sh, src, chunk, n, kbuf, rbuf, src->value ? vbuf : NULL);
-            logits(sh, kbuf, src->rope ? rbuf : NULL, qT, qrT, n, s);
-            softmax_step(sh, s, n, m, l, acc);
-            weighted_values(sh, s, src->value ? vbuf : kbuf, n, acc);
+            chunk_f32(sh, src, qT, qrT, chunk, n, kbuf, rbuf, vbuf, s, m, l, acc);
         }
         memcpy(chunk, next, n_next * sizeof(int64_t));
         n = n_next;
@@ -493,7 +527,8 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
     DR = rope ? DR : 0;
     int bf16 = sfa_has_bf16_dot() && bf16_dot && kv_dtype == BF16 && DL % VL == 0 && DR % 2 == 0
                && (!rope || rope_dtype == BF16);
-    struct shape sh = { H, round_up(H, VL), DL, round_up(DL, VL), DR, round_up(DR, VL), scale, bf16 };
+    int64_t Hp = round_up(H, VL);
+    struct shape sh = { H, Hp, DL, round_up(DL, VL), DR, round_up(DR, VL), H <= 8 && !bf16 ? 8 : Hp, scale, bf16 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
     struct selection sel = { idx, table, idx_stride, K, block, block_size, lq, lkv, causal };

@@ -105,3 +105,20 @@ def test_bf16_matches_torch_path(monkeypatch):
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     want = OP(*args, query_rope=qr, key_rope=kr)
     assert_outputs_close(got, want, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("n1", [8, 12])
+def test_fp32_rows_read_in_place_at_any_alignment(n1, path):
+    """fp32 KV rows are read where they are stored (no copy): rows starting one value past a 64-byte boundary,
+    a paged cache, 8 heads (the 8-head micro-kernels) and 12 (16-head vectors, 4 padded)."""
+    q, kv, qr, kr = make_inputs(1, 2, n1, 64, 16, 160, seed=51)
+    paged, table = to_paged(kv, 16, seed=52)
+    cache = torch.zeros(paged.numel() + 1)[1:].view(paged.shape)
+    cache.copy_(paged)
+    assert cache.data_ptr() % 64 != 0 and cache.stride(3) == 1
+    rope_cache, _ = to_paged(kr, 16, seed=52)
+    check_path(path, q, cache, rope_cache, table)
+    idx = random_indices(1, 2, 160, 48, seed=53, pad=5)
+    kwargs = dict(block_table=table, query_rope=qr, key_rope=rope_cache, layout_kv="PA_BSND")
+    got = OP(q, cache, cache, idx, 0.125, **kwargs)
+    assert_outputs_close(got, sfa.reference_sparse_flash_attention(q, cache, cache, idx, 0.125, **kwargs))
