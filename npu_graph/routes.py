@@ -1,7 +1,8 @@
 """Kernel routes: known linear-attention functions that Dynamo traces as one `ascend_dsa.chunk_kda` call.
 
 transformers' Kimi Linear `chunk_kimi_delta_attention` (whose CPU fallback is a Python loop over chunks and
-over rows inside each chunk) and fla's `chunk_kda` are registered with `torch._dynamo.substitute_in_graph`,
+over rows inside each chunk) and its decode loop `recurrent_kimi_delta_attention`, and fla's `chunk_kda` and
+`fused_recurrent_kda`, are registered with `torch._dynamo.substitute_in_graph`,
 so a compiled model gets one fused node instead of thousands of unrolled ops. The routes compute exactly
 what the originals compute (same fp32 upcast, same l2norm with +eps, same scale, same output dtype).
 Eager calls are untouched. Dynamo's substitution is global, so once npu_graph is imported the routes serve
@@ -55,19 +56,47 @@ def _route_transformers_kimi(module: ModuleType) -> None:
         return _kda(query, key, value, g, beta, None, initial_state, output_final_state,
                     use_qk_l2norm_in_kernel, chunk_size)
 
+    _route_transformers_kimi_decode(module)
 
-def _route_fla_kda(module: ModuleType) -> None:
-    original = module.chunk_kda
+
+def _route_transformers_kimi_decode(module: ModuleType) -> None:
+    """The decode-time loop `recurrent_kimi_delta_attention` (fla's fused_recurrent_kda): the same recurrence,
+    which chunk_kda runs step by step for short sequences."""
+    original = getattr(module, "recurrent_kimi_delta_attention", None)
+    if original is None:
+        return
     fallback = getattr(original, "__wrapped__", original)
 
     @torch._dynamo.substitute_in_graph(original, skip_signature_check=True)
-    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    def recurrent_kimi_delta_attention(query, key, value, g, beta, initial_state, output_final_state,
+                                       use_qk_l2norm_in_kernel=False, **kwargs):
+        if kwargs.get("cu_seqlens") is not None:
+            return fallback(query, key, value, g, beta, initial_state, output_final_state,
+                            use_qk_l2norm_in_kernel, **kwargs)
+        return _kda(query, key, value, g, beta, None, initial_state, output_final_state,
+                    use_qk_l2norm_in_kernel, 64)
+
+
+def _route_fla_kda(module: ModuleType) -> None:
+    for name in ("chunk_kda", "fused_recurrent_kda"):
+        if hasattr(module, name):
+            _route_fla_function(module, name)
+
+
+def _route_fla_function(module: ModuleType, name: str) -> None:
+    """fla's `chunk_kda` or `fused_recurrent_kda` (same arguments, same recurrence)."""
+    original = getattr(module, name)
+    fallback = getattr(original, "__wrapped__", original)
+
+    def routed(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
         if cu_seqlens is not None or kwargs.get("head_first"):
             return fallback(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                             cu_seqlens=cu_seqlens, **kwargs)
         return _kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, 64)
+
+    torch._dynamo.substitute_in_graph(original, skip_signature_check=True)(routed)
 
 
 ROUTES: dict[str, Callable[[ModuleType], None]] = {

@@ -1,4 +1,5 @@
-"""Kernel routes: transformers' Kimi KDA and fla's chunk_kda are traced as one ascend_dsa.chunk_kda."""
+"""Kernel routes: transformers' Kimi KDA (prefill and decode loops) and fla's chunk_kda / fused_recurrent_kda are
+traced as one ascend_dsa.chunk_kda."""
 import sys
 import textwrap
 
@@ -44,6 +45,10 @@ FAKE_FLA = textwrap.dedent('''
             S = S + beta[:, t][..., None, None] * kt[..., None] * delta[..., None, :]
             out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
         return torch.stack(out, 1), (S if output_final_state else None)
+
+
+    def fused_recurrent_kda(*args, **kwargs):
+        return chunk_kda(*args, **kwargs)
 ''')
 
 
@@ -69,4 +74,33 @@ def test_fla_chunk_kda_imported_after_npu_graph_is_routed(tmp_path, monkeypatch)
     ref, out, reports = compile_and_report(layer, q, k, v, g, beta)
     assert reports[-1].fused_ops == {"chunk_kda": 1}
     torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-4, atol=1e-4)
+
+    def decode(q, k, v, g, beta, state):
+        return fla_kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=state, output_final_state=True)
+
+    step = [x[:, :1] for x in (q, k, v, g, beta)]
+    ref, out, reports = compile_and_report(decode, *step, ref[1])
+    assert reports[-1].fused_ops == {"chunk_kda": 1}
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("l2", [False, True])
+def test_transformers_kimi_decode_loop_is_routed(l2):
+    """One decode step of transformers' `recurrent_kimi_delta_attention` (bf16 in, fp32 state) becomes one
+    chunk_kda, equal to the loop it replaces."""
+    kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 1, 3, 16, generator=g).bfloat16() for _ in range(3))
+    gate, beta = (-torch.rand(2, 1, 3, 16, generator=g) * 0.3).bfloat16(), torch.rand(2, 1, 3, generator=g).bfloat16()
+    state = torch.randn(2, 3, 16, 16, generator=g)
+
+    def step(q, k, v, gate, beta, state):
+        return kimi.recurrent_kimi_delta_attention(q, k, v, gate, beta, state, True, use_qk_l2norm_in_kernel=l2)
+
+    ref, out, reports = compile_and_report(step, q, k, v, gate, beta, state)
+    assert reports[-1].fused_ops == {"chunk_kda": 1}
+    assert out[0].dtype == ref[0].dtype == torch.bfloat16
+    torch.testing.assert_close(out[0], ref[0], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(out[1], ref[1], rtol=1e-4, atol=1e-4)

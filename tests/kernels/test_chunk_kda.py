@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_graph.kernels import chunk_kda as chunk_kda_module
 from npu_graph.kernels.chunk_kda import kda_transition, reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
@@ -37,7 +38,9 @@ def run(inputs, **kwargs):
     (1, 128, 2, 32, 32, 64), (2, 100, 3, 16, 24, 64), (1, 1, 1, 8, 8, 64), (3, 77, 2, 8, 16, 16),
     (1, 64, 1, 16, 16, 64), (2, 130, 2, 16, 8, 32), (1, 9, 2, 4, 4, 1)])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_fast_matches_recurrence(b, t, h, dk, dv, chunk, with_state):
+@pytest.mark.parametrize("short_steps", [0, 16], ids=["chunked", "stepwise_up_to_16"])
+def test_fast_matches_recurrence(b, t, h, dk, dv, chunk, with_state, short_steps, monkeypatch):
+    monkeypatch.setattr(chunk_kda_module, "RECURRENT_MAX_T", short_steps)
     inputs = make_inputs(b, t, h, dk, dv)
     s0 = torch.randn(b, h, dk, dv) if with_state else None
     o, s = run(inputs, initial_state=s0, output_final_state=True, chunk_size=chunk)
@@ -187,3 +190,19 @@ def test_long_sequence_matches_transformers_fallback():
     fallback = transformers_chunk_fallback()
     inputs = make_inputs(1, 2048, 4, 128, 128, seed=11, decay=0.1)
     torch.testing.assert_close(run(inputs)[0], fallback(*inputs)[0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 3, 16])
+def test_decode_steps_keep_the_callers_state(dtype, t):
+    """Short sequences (decode) run step by step: equal to the recurrence, output in v's dtype, the caller's
+    initial state left as it was."""
+    inputs = make_inputs(2, t, 3, 16, 8, seed=t, dtype=dtype)
+    s0 = torch.randn(2, 3, 16, 8)
+    before = s0.clone()
+    o, s = run(inputs, initial_state=s0, output_final_state=True)
+    ro, rs = reference_chunk_kda(*inputs, initial_state=s0, output_final_state=True)
+    assert o.dtype == dtype and torch.equal(s0, before)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(o, ro, rtol=tol, atol=tol)
+    torch.testing.assert_close(s, rs, rtol=1e-4, atol=1e-4)
