@@ -6,7 +6,8 @@ time is the time to read the weights from memory. oneDNN / MKL read a [512, 512]
 of the weight rows at the memory bandwidth (~25 GB/s: 42 vs 101 us for 1 MB, and 1.3-2.4x at 4 rows).
 
 When the runtime builds a CompiledGraph it binds the generated source's `torch.ops.aten.mm.default(...)` calls
-to `mm` below (as direct_calls binds the fused ops; the stored source and the cache keep the aten form).
+to the native product (`bind`, as direct_calls binds the fused ops; the stored source and the cache keep the
+aten form; ASCEND_DSA_NATIVE=0 is read then, not at every product).
 `mm` takes the native kernel for fp32 CPU tensors with at most MAX_ROWS rows, unit stride along the reduced and
 the output dims, and no autograd; everything else (and every product when the native library is not built or
 ASCEND_DSA_NATIVE=0) goes to aten.mm unchanged. `linear` does the same for x @ w.T with a linear layer's
@@ -32,6 +33,7 @@ MAX_ROWS = 4            # measured: parity with MKL at 8 rows of a [512, 512] we
 NAME = "_ascend_dsa_skinny_mm"
 _CALL = re.compile(r"torch\.ops\.aten\.mm\.default\(")
 _aten_mm = torch.ops.aten.mm.default
+_F32 = torch.float32
 
 
 @functools.cache
@@ -45,25 +47,28 @@ def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], Callable[..., None]]:
 
 
 def _takes(x: Tensor, w: Tensor) -> bool:
-    return (x.dtype is torch.float32 and w.dtype is torch.float32 and x.dim() == 2 and w.dim() == 2
-            and 0 < x.shape[0] <= MAX_ROWS and x.shape[1] > 0 and w.shape[0] > 0 and w.shape[1] > 0
-            and x.stride(1) == 1 and w.stride(1) == 1 and x.device.type == "cpu" and w.device.type == "cpu"
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+    shape_x, shape_w = x.shape, w.shape
+    return (x.dtype is _F32 and w.dtype is _F32 and len(shape_x) == 2 and len(shape_w) == 2
+            and 0 < shape_x[0] <= MAX_ROWS and shape_x[1] > 0 and shape_w[0] > 0 and shape_w[1] > 0
+            and x.stride(1) == 1 and w.stride(1) == 1 and x.is_cpu and w.is_cpu
+            and not ((x.requires_grad or w.requires_grad) and torch.is_grad_enabled()))
+
+
+def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
+    """x @ w through the native kernel where it applies, else aten.mm."""
+    if _takes(x, w):
+        rows, inner = x.shape
+        y = torch.empty(rows, w.shape[1])
+        if kernel(x.data_ptr(), rows, inner, x.stride(0), w.data_ptr(), w.stride(0), w.shape[1], y.data_ptr()) == 0:
+            return y
+    return _aten_mm(x, w)
 
 
 def mm(x: Tensor, w: Tensor) -> Tensor:
     """x @ w for x [M, K] and w [K, N], through the native kernel where it applies (module docstring), else
     aten.mm."""
-    if _takes(x, w):
-        loaded = native.load(NATIVE_SOURCE)
-        if loaded:
-            rows, inner = x.shape
-            y = torch.empty(rows, w.shape[1])
-            status = _typed(loaded.lib)[0](x.data_ptr(), rows, inner, x.stride(0), w.data_ptr(), w.stride(0),
-                                           w.shape[1], y.data_ptr())
-            if status == 0:
-                return y
-    return _aten_mm(x, w)
+    loaded = native.load(NATIVE_SOURCE)
+    return _native_mm(_typed(loaded.lib)[0], x, w) if loaded else _aten_mm(x, w)
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
@@ -80,7 +85,9 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 
 
 def bind(source: str) -> tuple[str, dict[str, Any]]:
-    """The source with its aten.mm calls calling `mm`, and the namespace entry it needs."""
-    if not _CALL.search(source):
+    """The source with its aten.mm calls calling the native product, and the namespace entry it needs; the
+    source unchanged when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is built)."""
+    loaded = native.load(NATIVE_SOURCE)
+    if not loaded or not _CALL.search(source):
         return source, {}
-    return _CALL.sub(f"{NAME}(", source), {NAME: mm}
+    return _CALL.sub(f"{NAME}(", source), {NAME: functools.partial(_native_mm, _typed(loaded.lib)[0])}
