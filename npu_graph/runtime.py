@@ -4,15 +4,16 @@ It is generated Python source (a `forward(self, *inputs)` function, and optional
 parameters whose outputs forward takes as extra inputs, and one `superkernel_N` function per SuperKernel
 region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
 and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
-longer needs them). When it is built, fused-op calls are bound to their Python implementations
-(direct_calls) and decode-sized aten.mm calls to the native streaming product (skinny_mm).
+longer needs them). When it is built, fused-op calls are bound to their Python implementations and ATen
+calls to their C++ callables (direct_calls), and aten.mm calls to the native streaming product for
+decode-sized operands (skinny_mm).
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from npu_graph.direct_calls import bind_direct_calls
+from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls
 from npu_graph.kernels import skinny_mm
 from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.superkernel import bind_regions
@@ -46,7 +47,8 @@ class CompiledGraph:
         self.param_indices = param_indices
         runnable, direct = bind_direct_calls(source)
         runnable, products = skinny_mm.bind(runnable)
-        namespace = {**globals_, **direct, **products}
+        runnable, aten = bind_aten_calls(runnable)
+        namespace = {**globals_, **direct, **products, **aten}
         exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")

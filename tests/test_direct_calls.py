@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.direct_calls import PREFIX, bind_direct_calls, implementation
+from npu_graph.direct_calls import ATEN_PREFIX, PREFIX, bind_aten_calls, bind_direct_calls, implementation
 
 
 def test_fused_op_calls_are_bound_to_their_implementation():
@@ -14,6 +14,19 @@ def test_fused_op_calls_are_bound_to_their_implementation():
     assert f"{PREFIX}rms_norm(x, g, 1e-06)" in runnable
     assert "torch.ops.aten.add.Tensor" in runnable and "torch.ops.ascend_dsa.no_such_op.default(x)" in runnable
     assert functions == {f"{PREFIX}rms_norm": implementation("rms_norm")}
+
+
+def test_aten_calls_are_bound_to_their_overloads():
+    source = ("def forward(self, x):\n    y = torch.ops.aten.add.Tensor(x, 1)\n"
+              "    z = torch.ops.aten.add.Tensor(y, x)\n    return torch.ops.aten.view.default(z, [-1])\n")
+    runnable, functions = bind_aten_calls(source)
+    assert "torch.ops" not in runnable and runnable.count(f"{ATEN_PREFIX}add_Tensor(") == 2
+    assert functions == {f"{ATEN_PREFIX}add_Tensor": torch.ops.aten.add.Tensor._op,
+                         f"{ATEN_PREFIX}view_default": torch.ops.aten.view.default._op}
+    namespace = dict(functions)
+    exec(runnable, namespace)
+    x = torch.randn(2, 3)
+    assert torch.equal(namespace["forward"](None, x), (x + 1 + x).view(-1))
 
 
 def test_compiled_graph_runs_direct_calls_with_identical_results():
