@@ -98,18 +98,18 @@ static float weighted_relu_sum(const vf *acc, const float *w, int nb) {
     return sum;
 }
 
-/* fp32 micro-kernel: kb keys (fp32 rows kf[kb][d]) against nb 16-head vectors of qt [d][h] from head hb.
+/* fp32 micro-kernel: kb keys (fp32 rows kf[k][0:d]) against nb 16-head vectors of qt [d][h] from head hb.
  * Always inlined with constant kb and nb, so that the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void block_f32(const float *kf, const float *qt, const float *w,
-                                                            int64_t d, int64_t h, int64_t hb, const int kb,
-                                                            const int nb, float *out) {
+static inline __attribute__((always_inline)) void block_f32(const float *const *kf, const float *qt,
+                                                            const float *w, int64_t d, int64_t h, int64_t hb,
+                                                            const int kb, const int nb, float *out) {
     vf acc[KB_MAX][MAX_NB] = {{{0}}};
     for (int64_t i = 0; i < d; i++) {
         const float *qrow = qt + i * h + hb;
         vf qv[MAX_NB];
         for (int j = 0; j < nb; j++) qv[j] = *(const vf *)(qrow + j * VL);
         for (int k = 0; k < kb; k++) {
-            float kv = kf[k * d + i];
+            float kv = kf[k][i];
             for (int j = 0; j < nb; j++) acc[k][j] += qv[j] * kv;
         }
     }
@@ -160,7 +160,7 @@ static void key_rows(const struct keys *k, int64_t s0, int kb, int64_t n, const 
         if (qp) {                                                                              \
             BF16_BLOCK(KB_, NB_);                                                              \
         } else {                                                                               \
-            block_f32(kf, qt, w, d, h, hb, KB_, NB_, out);                                     \
+            block_f32(kf_rows, qt, w, d, h, hb, KB_, NB_, out);                                \
         }                                                                                      \
     } while (0)
 #ifdef __AVX512BF16__
@@ -177,8 +177,15 @@ static void score_range(const struct keys *k, const float *qt, const uint32_t *q
     for (int64_t s0 = start; s0 < end; s0 += kb) {
         const char *rows[KB_MAX];
         key_rows(k, s0, kb, n, rows);
-        if (!qp)
-            for (int i = 0; i < kb; i++) row_to_f32(kf + i * d, rows[i], k->dtype, d);
+        const float *kf_rows[KB_MAX];
+        for (int i = 0; !qp && i < kb; i++) {
+            if (k->dtype == F32) {
+                kf_rows[i] = (const float *)rows[i];      /* fp32 keys are read where they are stored */
+            } else {
+                row_to_f32(kf + i * d, rows[i], k->dtype, d);
+                kf_rows[i] = kf + i * d;
+            }
+        }
         float out[KB_MAX] = {0};
         for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
             int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
