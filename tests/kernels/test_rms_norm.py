@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_graph.kernels import native
 from npu_graph.kernels import rms_norm as rms_module
 from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
 
@@ -28,9 +29,12 @@ def assert_matches_reference(x, gamma, epsilon=1e-6):
 @pytest.mark.parametrize(("shape", "gamma_shape"), [((4, 64), (64,)), ((2, 3, 128), (128,)), ((2, 3, 128), (3, 128)),
                                                     ((1, 1, 7), (7,)), ((5, 1), (1,)), ((0, 32), (32,)),
                                                     ((70, 512), (512,))])
-@pytest.mark.parametrize("few_rows_elems", [0, 1 << 30], ids=["blocked", "few_rows"])
-def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, monkeypatch):
+@pytest.mark.parametrize(("few_rows_elems", "native_on"), [(0, True), (1 << 30, True), (1 << 30, False)],
+                         ids=["blocked", "few_rows_native", "few_rows_torch"])
+def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, native_on, monkeypatch):
     monkeypatch.setattr(rms_module, "FEW_ROWS_ELEMS", few_rows_elems)
+    if not native_on:
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     gamma = (torch.rand(gamma_shape, generator=g) + 0.5).to(dtype)
@@ -48,8 +52,11 @@ def test_bf16_input_with_fp32_gamma_and_a_larger_epsilon():
     assert_matches_reference(x, torch.rand(96) + 0.5, epsilon=1e-2)
 
 
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_edge_values(dtype):
+def test_edge_values(dtype, native_on, monkeypatch):
+    if not native_on:
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
     big = 1e30 if dtype == torch.float32 else 6e4
     x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [float("nan"), 1, 2, 3], [float("inf"), 1, 2, 3], [big, -big, 1, 2],
                       [1e-30, 0, 0, 0], [1e-3, -2e-3, 5e-4, 0]]).to(dtype)
