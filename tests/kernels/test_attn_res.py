@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels import attn_res as attn_res_module
+from npu_graph.kernels import native
 from npu_graph.kernels.attn_res import block_phase, merge_partial, reference_attn_res
 
 OPS = torch.ops.ascend_dsa
@@ -35,8 +36,12 @@ def assert_matches_reference(blocks, partial, queries, weight, eps=1e-6, tol=Non
 @pytest.mark.parametrize("with_partial", [True, False])
 @pytest.mark.parametrize("with_weight", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("direct_rows", [0, 1 << 30], ids=["two_phase", "direct"])
-def test_fast_matches_reference(n, b, t, d, s, with_partial, with_weight, dtype, direct_rows, monkeypatch):
+@pytest.mark.parametrize(("direct_rows", "native_on"), [(0, True), (1 << 30, True), (1 << 30, False)],
+                         ids=["two_phase", "direct_native", "direct_torch"])
+def test_fast_matches_reference(n, b, t, d, s, with_partial, with_weight, dtype, direct_rows, native_on,
+                                monkeypatch):
+    if not native_on:
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
     if n == 0 and not with_partial:
         pytest.skip("nothing to attend over")
     monkeypatch.setattr(attn_res_module, "_DIRECT_ROWS", direct_rows)

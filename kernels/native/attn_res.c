@@ -1,0 +1,113 @@
+/* AttnRes over depth for a few rows (decode) for kernels/attn_res.py; kernels/native.py builds and loads this file.
+ * Plain C, no torch headers, one thread (a decode step has one row of a few blocks).
+ *
+ * For every row r (of `rows`), the values v_0..v_{n-1} = blocks[i][r] and, when given, v_n = partial[r]
+ * (fp32, bf16 or fp16, rows of d contiguous values), and every pseudo-query s of wq [S][d] (fp32, the norm
+ * weight already folded in):
+ *   logit[i][s] = (v_i . wq_s) / sqrt(mean(v_i^2) + eps)
+ *   out[s][r]   = sum_i softmax_i(logit[.][s]) v_i           fp32, rounded once to the values' dtype
+ * fp16 needs the compiler's _Float16 (ar_has_f16).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+
+int ar_has_f16(void) {
+#ifdef __FLT16_MANT_DIG__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline float load(const void *x, int dtype, int64_t i) {
+    if (dtype == F32) return ((const float *)x)[i];
+    if (dtype == BF16) {
+        uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+#ifdef __FLT16_MANT_DIG__
+    return (float)((const _Float16 *)x)[i];
+#else
+    return 0.0f;
+#endif
+}
+
+static inline void store(void *y, int dtype, int64_t i, float v) {
+    if (dtype == F32) {
+        ((float *)y)[i] = v;
+    } else if (dtype == BF16) {
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        ((uint16_t *)y)[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                                             : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    } else {
+#ifdef __FLT16_MANT_DIG__
+        ((_Float16 *)y)[i] = (_Float16)v;
+#endif
+    }
+}
+
+/* The values of row r as fp32 rows vals[m][d] (m = n or n + 1). */
+static void gather_values(const void *blocks, const void *partial, int dtype, int64_t n, int64_t rows, int64_t d,
+                          int64_t r, float *vals) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < d; j++) vals[i * d + j] = load(blocks, dtype, (i * rows + r) * d + j);
+    if (partial)
+        for (int64_t j = 0; j < d; j++) vals[n * d + j] = load(partial, dtype, r * d + j);
+}
+
+/* Returns 0, or -1 when the working buffers could not be allocated. */
+int ar_rows(const void *blocks, const void *partial, int dtype, int64_t n, int64_t rows, int64_t d,
+            const float *wq, int64_t S, float eps, void *out) {
+    int64_t m = n + (partial != NULL);
+    float *vals = malloc((size_t)(m * d) * sizeof(float)), *logit = malloc((size_t)(m * S) * sizeof(float));
+    float *acc = malloc((size_t)d * sizeof(float));
+    if (!vals || !logit || !acc) {
+        free(vals);
+        free(logit);
+        free(acc);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        gather_values(blocks, partial, dtype, n, rows, d, r, vals);
+        for (int64_t i = 0; i < m; i++) {
+            const float *v = vals + i * d;
+            float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+            for (int64_t j = 0; j < d; j++) sq += v[j] * v[j];
+            float rms_inv = 1.0f / sqrtf(sq / (float)d + eps);
+            for (int64_t s = 0; s < S; s++) {
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t j = 0; j < d; j++) dot += v[j] * wq[s * d + j];
+                logit[i * S + s] = dot * rms_inv;
+            }
+        }
+        for (int64_t s = 0; s < S; s++) {
+            float top = -INFINITY, sum = 0.0f;
+            for (int64_t i = 0; i < m; i++) top = logit[i * S + s] > top ? logit[i * S + s] : top;
+            for (int64_t i = 0; i < m; i++) {
+                logit[i * S + s] = expf(logit[i * S + s] - top);
+                sum += logit[i * S + s];
+            }
+            memset(acc, 0, (size_t)d * sizeof(float));
+            for (int64_t i = 0; i < m; i++) {
+                float p = logit[i * S + s] / sum;
+                const float *v = vals + i * d;
+#pragma omp simd
+                for (int64_t j = 0; j < d; j++) acc[j] += p * v[j];
+            }
+            for (int64_t j = 0; j < d; j++) store(out, dtype, (s * rows + r) * d + j, acc[j]);
+        }
+    }
+    free(vals);
+    free(logit);
+    free(acc);
+    return 0;
+}
