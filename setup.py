@@ -25,7 +25,7 @@ setup(
         "npu_graph.kernels": "kernels",
         "npu_graph.tools": "tools",
     },
-    package_data={"npu_graph.kernels": ["native/*.c"]},
+    package_data={"npu_graph.kernels": ["native/*.c", "native/*.h"]},
     install_requires=["torch>=2.6", "rich>=13", "safetensors>=0.4"],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6", "transformers==5.23.0", "ruff"],

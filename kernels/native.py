@@ -2,12 +2,12 @@
 system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers.
 
 `load(name)` builds kernels/native/<name>.c once per machine and process. The shared library goes into a cache
-folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else ~/.cache/ascend_dsa/native) under
-a file name keyed by a hash of the source, the compiler, the flags and the CPU (`-march=native` code only runs
-on the CPU it was built for); it is written to a temporary file and renamed into place, so processes building
-at the same time are safe, and later processes load it without compiling. The compiler is ASCEND_DSA_CC or CC,
-else `cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP (libgomp.so.1) resolves to the
-runtime torch already loaded: no second thread pool.
+folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else ~/.cache/ascend_dsa/native) under a
+file name keyed by a hash of the source (with the folder's headers), the compiler, the flags and the CPU
+(`-march=native` code only runs on the CPU it was built for); it is written to a temporary file and renamed into
+place, so processes building at the same time are safe, and later processes load it without compiling. The
+compiler is ASCEND_DSA_CC or CC, else `cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP
+(libgomp.so.1) resolves to the runtime torch already loaded: no second thread pool.
 
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
@@ -73,7 +73,8 @@ def _cpu_identity() -> str:
 def library_path(name: str, cc: str) -> Path:
     """The cache file for source `name` built by `cc` on this CPU."""
     digest = hashlib.sha256()
-    for part in ((SOURCE_DIR / f"{name}.c").read_bytes(), cc.encode(), " ".join(FLAGS).encode(),
+    headers = [path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))]   # sources may include them
+    for part in ((SOURCE_DIR / f"{name}.c").read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(),
                  _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")

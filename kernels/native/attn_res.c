@@ -13,53 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
+#include "float_io.h"
 
-int ar_has_f16(void) {
-#ifdef __FLT16_MANT_DIG__
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-static inline float load(const void *x, int dtype, int64_t i) {
-    if (dtype == F32) return ((const float *)x)[i];
-    if (dtype == BF16) {
-        uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        return f;
-    }
-#ifdef __FLT16_MANT_DIG__
-    return (float)((const _Float16 *)x)[i];
-#else
-    return 0.0f;
-#endif
-}
-
-static inline void store(void *y, int dtype, int64_t i, float v) {
-    if (dtype == F32) {
-        ((float *)y)[i] = v;
-    } else if (dtype == BF16) {
-        uint32_t u;
-        memcpy(&u, &v, sizeof u);
-        ((uint16_t *)y)[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                             : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    } else {
-#ifdef __FLT16_MANT_DIG__
-        ((_Float16 *)y)[i] = (_Float16)v;
-#endif
-    }
-}
+int ar_has_f16(void) { return FLOAT_IO_HAS_F16; }
 
 /* The values of row r as fp32 rows vals[m][d] (m = n or n + 1). */
 static void gather_values(const void *blocks, const void *partial, int dtype, int64_t n, int64_t rows, int64_t d,
                           int64_t r, float *vals) {
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < d; j++) vals[i * d + j] = load(blocks, dtype, (i * rows + r) * d + j);
+        for (int64_t j = 0; j < d; j++) vals[i * d + j] = load_value(blocks, dtype, (i * rows + r) * d + j);
     if (partial)
-        for (int64_t j = 0; j < d; j++) vals[n * d + j] = load(partial, dtype, r * d + j);
+        for (int64_t j = 0; j < d; j++) vals[n * d + j] = load_value(partial, dtype, r * d + j);
 }
 
 /* Returns 0, or -1 when the working buffers could not be allocated. */
@@ -103,7 +67,7 @@ int ar_rows(const void *blocks, const void *partial, int dtype, int64_t n, int64
 #pragma omp simd
                 for (int64_t j = 0; j < d; j++) acc[j] += p * v[j];
             }
-            for (int64_t j = 0; j < d; j++) store(out, dtype, (s * rows + r) * d + j, acc[j]);
+            for (int64_t j = 0; j < d; j++) store_value(out, dtype, (s * rows + r) * d + j, acc[j]);
         }
     }
     free(vals);

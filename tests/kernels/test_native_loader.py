@@ -69,6 +69,16 @@ def test_cache_key_follows_source_and_compiler(monkeypatch):
     assert native.library_path(SOURCE, cc) != before
 
 
+def test_cache_key_follows_the_headers(monkeypatch, tmp_path):
+    """A header the sources include is part of the key: editing it must not load a stale library."""
+    (tmp_path / f"{SOURCE}.c").write_bytes((native.SOURCE_DIR / f"{SOURCE}.c").read_bytes())
+    (tmp_path / "shared.h").write_text("#define X 1\n")
+    monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
+    before = native.library_path(SOURCE, "cc")
+    (tmp_path / "shared.h").write_text("#define X 2\n")
+    assert native.library_path(SOURCE, "cc") != before
+
+
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(native.ENV_DIR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

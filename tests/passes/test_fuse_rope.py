@@ -62,25 +62,22 @@ def test_query_and_key_of_one_layer_share_the_angles(watch_pass):
     assert all(torch.equal(a, b) for a, b in zip(watched.out, watched.ref))
 
 
-def test_transformers_rotate_half(watch_pass):
+@pytest.mark.parametrize(("form", "q_shape", "k_shape", "pattern"), [
+    ("rotate_half", (2, 6, 3, 16), (2, 6, 1, 16), fuse_rope.PATTERN_ROTATE_HALF),
+    ("interleave", (2, 3, 5, 16), (2, 1, 5, 16), fuse_rope.PATTERN_PAIRS),
+])
+def test_transformers_deepseek_v32_rope(watch_pass, form, q_shape, k_shape, pattern):
+    """transformers' DeepSeek-V3.2: the indexer's `rotate_half` form on [B, S, H, D], and the MLA's interleaved
+    form on [B, H, S, D] (even/odd values in, halves out: the op gets cat(x1, x2))."""
     hf = pytest.importorskip("transformers.models.deepseek_v32.modeling_deepseek_v32")
-    q, k = rand(2, 6, 3, 16), rand(2, 6, 1, 16, seed=3)
-    half_cos, half_sin = angles((2, 6, 8))
+    q, k = rand(*q_shape), rand(*k_shape, seed=3)
+    half_cos, half_sin = angles((2, q_shape[1 if form == "rotate_half" else 2], 8))
     cos, sin = torch.cat((half_cos, half_cos), -1), torch.cat((half_sin, half_sin), -1)
-    watched = run(watch_pass, lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=2), q, k, cos, sin)
-    assert watched.stats["matches"] == {fuse_rope.PATTERN_ROTATE_HALF: 2}
+    rope = (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=2)) if form == "rotate_half" \
+        else hf.apply_rotary_pos_emb_interleave
+    watched = run(watch_pass, rope, q, k, cos, sin)
+    assert watched.stats["matches"] == {pattern: 2}
     assert "aten.neg" not in watched.after_names
-    assert all(torch.equal(a, b) for a, b in zip(watched.out, watched.ref))
-
-
-def test_transformers_interleaved_pairs_into_halves(watch_pass):
-    """DeepSeek-V3.2's MLA rope in transformers: even/odd values in, halves out (the op gets cat(x1, x2))."""
-    hf = pytest.importorskip("transformers.models.deepseek_v32.modeling_deepseek_v32")
-    q, k = rand(2, 3, 5, 16), rand(2, 1, 5, 16, seed=4)
-    half_cos, half_sin = angles((2, 5, 8))
-    cos, sin = torch.cat((half_cos, half_cos), -1), torch.cat((half_sin, half_sin), -1)
-    watched = run(watch_pass, hf.apply_rotary_pos_emb_interleave, q, k, cos, sin)
-    assert watched.stats["matches"] == {fuse_rope.PATTERN_PAIRS: 2}
     assert all(torch.equal(a, b) for a, b in zip(watched.out, watched.ref))
 
 
