@@ -42,7 +42,6 @@ _TILE_ELEMENTS = 1 << 20
 # Up to this many rows (B*T) both phases run as one softmax over depth (decode steps).
 _DIRECT_ROWS = 16
 NATIVE_SOURCE = "attn_res"
-NATIVE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 class DepthStats(NamedTuple):
@@ -155,7 +154,7 @@ def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: 
     (no library, values not contiguous on the CPU, fp16 without the compiler's _Float16)."""
     loaded = native.load(NATIVE_SOURCE)
     dtype = blocks.dtype
-    if not loaded or dtype not in NATIVE_CODES or not blocks.is_cpu or not blocks.is_contiguous() or \
+    if not loaded or dtype not in native.DTYPE_CODES or not blocks.is_cpu or not blocks.is_contiguous() or \
             (partial is not None and (partial.dtype != dtype or not partial.is_contiguous())):
         return None
     fn, has_f16 = _typed(loaded.lib)
@@ -164,7 +163,7 @@ def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: 
     n, b, t, d = blocks.shape
     wq = _scaled_queries(queries, norm_weight).t().contiguous()          # [S, D] fp32
     out = torch.empty(wq.shape[0], b, t, d, dtype=dtype)
-    status = fn(blocks.data_ptr(), None if partial is None else partial.data_ptr(), NATIVE_CODES[dtype], n, b * t,
+    status = fn(blocks.data_ptr(), None if partial is None else partial.data_ptr(), native.DTYPE_CODES[dtype], n, b * t,
                 d, wq.data_ptr(), wq.shape[0], eps, out.data_ptr())
     return out if status == 0 else None
 

@@ -22,7 +22,6 @@ from torch import Tensor
 from npu_graph.kernels import native
 
 NATIVE_SOURCE = "lightning_indexer"
-CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FORCE_FP32_DOT = False  # tests set it to check the fp32 micro-kernel on CPUs with bf16 dot products
 
 
@@ -38,14 +37,14 @@ def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, 
 
 def _readable(key: Tensor) -> bool:
     """Row r of batch b at key[b].data_ptr() + r·stride(1), or of a cache block at block·stride(0) + r·stride(1)."""
-    return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in CODES
+    return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in native.DTYPE_CODES
 
 
 def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
     """(the scoring function, the top-k function, whether to use bf16 dot products) for these inputs, or None
     (module docstring)."""
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded or query.dtype not in CODES or not _readable(key):
+    if not loaded or query.dtype not in native.DTYPE_CODES or not _readable(key):
         return None
     scores, topk, has_f16, has_bf16_dot = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
@@ -67,7 +66,7 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
     if found is None:
         return None
     fn, _, bf16_dot = found
-    code, row_stride = CODES[key.dtype], key.stride(1)
+    code, row_stride = native.DTYPE_CODES[key.dtype], key.stride(1)
     table = None if block_table is None else block_table.to(torch.int32).contiguous()
 
     def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:

@@ -24,9 +24,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch  # noqa: F401  (loads torch's libgomp before any native library)
+import torch  # loaded before any native library: its libgomp is the one the libraries use
 
 SOURCE_DIR = Path(__file__).parent / "native"
+# The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "ASCEND_DSA_NATIVE"

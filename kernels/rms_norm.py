@@ -34,7 +34,6 @@ CHUNK_ELEMS = 1 << 20
 # Inputs up to this size (a few decode rows) skip the blocked loop: its set-up costs more than the math.
 FEW_ROWS_ELEMS = 1 << 13
 NATIVE_SOURCE = "rms_norm"
-NATIVE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _rstd_shape(x_shape: torch.Size, gamma_dim: int) -> list[int]:
@@ -82,7 +81,7 @@ def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., None], bool]:
 def _native_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor] | None:
     """The native kernel's result for contiguous CPU rows (module docstring), or None when it does not apply."""
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded or x.dtype not in NATIVE_CODES or not x.is_cpu or not x.is_contiguous():
+    if not loaded or x.dtype not in native.DTYPE_CODES or not x.is_cpu or not x.is_contiguous():
         return None
     fn, has_f16 = _typed(loaded.lib)
     if x.dtype == torch.float16 and not has_f16:
@@ -90,7 +89,7 @@ def _native_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, 
     n = gamma.numel()
     g = gamma.float().reshape(n).contiguous()
     y, rstd = torch.empty_like(x), torch.empty(x.numel() // n if n else 0)
-    fn(x.data_ptr(), NATIVE_CODES[x.dtype], rstd.numel(), n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
+    fn(x.data_ptr(), native.DTYPE_CODES[x.dtype], rstd.numel(), n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
     return y, rstd.view(_rstd_shape(x.shape, gamma.dim()))
 
 

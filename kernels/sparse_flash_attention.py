@@ -88,7 +88,6 @@ KV_DTYPES = (*FLOAT_DTYPES, FP8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 KV_TILE = 128             # values of a token that share one fp8 scale
 NATIVE_SOURCE = "sparse_attention"   # kernels/native/sparse_attention.c
-NATIVE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # A query token with at least this many selected entries has them split across the threads (fewer tokens than
 # threads); below it the split's barriers cost more than the parallel work saves.
 NATIVE_SPLIT_ROWS = 256
@@ -311,7 +310,8 @@ def _native_kernel(key: Tensor, value: Tensor, key_rope: Tensor | None,
                    block_table: Tensor | None) -> ctypes._CFuncPtr | None:
     """The native kernel when it is loaded and reads these KV tensors (module docstring), else None."""
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded or key.dtype not in NATIVE_CODES or (key_rope is not None and key_rope.dtype not in NATIVE_CODES):
+    codes = native.DTYPE_CODES
+    if not loaded or key.dtype not in codes or (key_rope is not None and key_rope.dtype not in codes):
         return None
     fn, has_f16 = _typed_kernel(loaded.lib)
     if torch.float16 in (key.dtype, None if key_rope is None else key_rope.dtype) and not has_f16:
@@ -346,8 +346,8 @@ def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: i
     ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), n1, dl,
                 0 if q_rope is None else q_rope.shape[2], indices[b].data_ptr(), indices.stride(1),
                 indices.shape[3], block, lq, lkv, mode == 3, table[b].data_ptr() if paged else None, key.shape[1],
-                kv, kv_stride, v, v_stride, rope, rope_stride, NATIVE_CODES[key.dtype],
-                NATIVE_CODES[key.dtype if key_rope is None else key_rope.dtype], scale, bf16_dot,
+                kv, kv_stride, v, v_stride, rope, rope_stride, native.DTYPE_CODES[key.dtype],
+                native.DTYPE_CODES[key.dtype if key_rope is None else key_rope.dtype], scale, bf16_dot,
                 torch.get_num_threads(), NATIVE_SPLIT_ROWS, target.data_ptr(), softmax_max[b].data_ptr(),
                 softmax_sum[b].data_ptr())
     if not direct:
