@@ -63,9 +63,10 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
     """`score(b, limit, q_row [N1, D], w_row [N1] fp32) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
     for one query token, or None when the native kernel does not take these inputs (module docstring)."""
     found = _kernel(query, key)
-    if found is None:
-        return None
-    fn, _, bf16_dot = found
+    return None if found is None else _scorer(found[0], found[2], key, block_table)
+
+
+def _scorer(fn: ctypes._CFuncPtr, bf16_dot: bool, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor]:
     code, row_stride = native.DTYPE_CODES[key.dtype], key.stride(1)
     table = None if block_table is None else block_table.to(torch.int32).contiguous()
 
@@ -90,10 +91,10 @@ def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
     """`topk(b, limit, q_row, w_row) -> (indices [1, k] int32, values [1, k] fp32)`: row_scorer's scores and
     their k largest, sorted descending (equal scores by position), -1 / -inf padding when limit < k; None
     when the native kernel does not take these inputs."""
-    score, found = row_scorer(query, key, block_table), _kernel(query, key)
-    if score is None:
+    found = _kernel(query, key)
+    if found is None:
         return None
-    select = found[1]
+    score, select = _scorer(found[0], found[2], key, block_table), found[1]
 
     def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> tuple[Tensor, Tensor]:
         return select_topk(select, score(b, limit, q_row, w_row), k)
