@@ -251,31 +251,35 @@ def _recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return steps.view(t_len, b, h, dv).transpose(0, 1).contiguous(), state
 
 
+def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+             state: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked form (module docstring): o [B,T,H,V] fp32 and the final state [B*H, K, V]."""
+    b, t_len, h, _ = k.shape
+    dv = v.shape[-1]
+    qc = _to_chunks(q, chunk_size).mul_(scale)
+    kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
+    intra = _intra(kc, vc, gc, bc, qc)
+    final, entering, us = _scan(intra, state)
+    n, c = kc.shape[0], chunk_size
+    o = torch.matmul(intra.q_decay, entering).view(n * b * h, c, dv)
+    o = torch.baddbmm(o, intra.m_qk.view(-1, c, c), us.view(-1, c, dv))
+    return o.view(n, b, h, c, dv).permute(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t_len], final
+
+
 def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
                    chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
-    if t_len <= RECURRENT_MAX_T:
-        state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
-            else initial_state.reshape(b * h, dk, dv).clone()
-        o, state = _recurrent_steps(q, k, v, g, beta, scale, state)
-        final = state.view(b, h, dk, dv) if output_final_state else state.new_empty(0)
-        return o.to(v.dtype), final
-    qc = _to_chunks(q, chunk_size).mul_(scale)
-    kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
-    intra = _intra(kc, vc, gc, bc, qc)
     state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
         else initial_state.reshape(b * h, dk, dv)
-    final, entering, us = _scan(intra, state)
-    n, c = kc.shape[0], chunk_size
-    o = torch.matmul(intra.q_decay, entering).view(n * b * h, c, dv)
-    o = torch.baddbmm(o, intra.m_qk.view(-1, c, c), us.view(-1, c, dv))
-    o = o.view(n, b, h, c, dv).permute(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t_len]
-    o = o.to(v.dtype).contiguous()
+    if t_len <= RECURRENT_MAX_T:   # updates the state in place: never the caller's
+        o, final = _recurrent_steps(q, k, v, g, beta, scale, state if initial_state is None else state.clone())
+    else:
+        o, final = _chunked(q, k, v, g, beta, scale, state, chunk_size)
     final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)
-    return o, final
+    return o.to(v.dtype).contiguous(), final
 
 
 @torch.library.custom_op("ascend_dsa::chunk_kda", mutates_args=())

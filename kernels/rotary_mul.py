@@ -16,6 +16,8 @@ multiplication and one per addition in input's dtype, so its result equals eager
 index_select with a cached order), multiply by r2 with the first member's sign flipped (−a·s == a·(−s)
 exactly), add input · r1. More rows: both halves of the pairs computed into views of the output.
 """
+import functools
+
 import torch
 from torch import Tensor
 
@@ -51,22 +53,17 @@ def _check(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> None:
                       f"{tuple(input.shape)} (each dim must be 1 or equal to input's)")
 
 
-_SWAPS: dict[tuple[int, str, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
-
-
+@functools.cache
 def _swap(d: int, rotary_mode: str, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
     """(order, sign): rotate(x) == x[..., order] · sign, for the last dim d of the given mode (cached)."""
-    key = (d, rotary_mode, dtype, device)
-    if key not in _SWAPS:
-        half = d // 2
-        if rotary_mode == "half":
-            order = torch.cat((torch.arange(half, d), torch.arange(half)))
-            sign = torch.cat((-torch.ones(half), torch.ones(half)))
-        else:
-            order = torch.arange(d).view(half, 2).flip(-1).flatten()
-            sign = torch.tensor([-1.0, 1.0]).repeat(half)
-        _SWAPS[key] = order.to(device), sign.to(dtype=dtype, device=device)
-    return _SWAPS[key]
+    half = d // 2
+    if rotary_mode == "half":
+        order = torch.cat((torch.arange(half, d), torch.arange(half)))
+        sign = torch.cat((-torch.ones(half), torch.ones(half)))
+    else:
+        order = torch.arange(d).view(half, 2).flip(-1).flatten()
+        sign = torch.tensor([-1.0, 1.0]).repeat(half)
+    return order.to(device), sign.to(dtype=dtype, device=device)
 
 
 def _rotary_mul_halves(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:
