@@ -1,6 +1,6 @@
-"""ascend_dsa::chunk_kda: the chunked fast path against the step-by-step recurrence (shapes, dtypes, padding,
-strong decay), state hand-over and the segment transition law, agreement with transformers' fallback,
-opcheck, torch.compile, errors."""
+"""ascend_dsa::chunk_kda: its three CPU paths (native recurrence, chunked torch form, torch step loop) against the
+step-by-step reference recurrence (shapes, dtypes, padding, strong decay), state hand-over and the segment
+transition law, agreement with transformers' fallback, opcheck, torch.compile, errors."""
 import importlib
 
 import pytest
@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels import chunk_kda as chunk_kda_module
+from npu_graph.kernels import chunk_kda_native, native
 from npu_graph.kernels.chunk_kda import kda_transition, reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
@@ -30,6 +31,20 @@ def make_inputs(b, t, h, dk, dv, seed=0, decay=0.2, dtype=torch.float32):
     return tuple(x.to(dtype) for x in (q, k, v, gate, beta))
 
 
+@pytest.fixture(params=["native", "chunked", "stepwise_up_to_16"])
+def path(request, monkeypatch):
+    """Runs the test through the native recurrence (skipped where it cannot be built), and with it switched off
+    through the chunked torch form, and through the torch step loop for sequences of at most 16 steps."""
+    if request.param == "native":
+        loaded, why = native.available(chunk_kda_native.NATIVE_SOURCE)
+        if not loaded:
+            pytest.skip(f"native kernel not available: {why}")
+    else:
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+        monkeypatch.setattr(chunk_kda_module, "RECURRENT_MAX_T", 16 if request.param.startswith("stepwise") else 0)
+    return request.param
+
+
 def run(inputs, **kwargs):
     return OPS.chunk_kda(*inputs, **kwargs)
 
@@ -38,9 +53,7 @@ def run(inputs, **kwargs):
     (1, 128, 2, 32, 32, 64), (2, 100, 3, 16, 24, 64), (1, 1, 1, 8, 8, 64), (3, 77, 2, 8, 16, 16),
     (1, 64, 1, 16, 16, 64), (2, 130, 2, 16, 8, 32), (1, 9, 2, 4, 4, 1)])
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("short_steps", [0, 16], ids=["chunked", "stepwise_up_to_16"])
-def test_fast_matches_recurrence(b, t, h, dk, dv, chunk, with_state, short_steps, monkeypatch):
-    monkeypatch.setattr(chunk_kda_module, "RECURRENT_MAX_T", short_steps)
+def test_fast_matches_recurrence(b, t, h, dk, dv, chunk, with_state, path):
     inputs = make_inputs(b, t, h, dk, dv)
     s0 = torch.randn(b, h, dk, dv) if with_state else None
     o, s = run(inputs, initial_state=s0, output_final_state=True, chunk_size=chunk)
@@ -51,7 +64,7 @@ def test_fast_matches_recurrence(b, t, h, dk, dv, chunk, with_state, short_steps
 
 
 @pytest.mark.parametrize("decay", [5.0, 30.0])
-def test_strong_decay_stays_exact(decay):
+def test_strong_decay_stays_exact(decay, path):
     """g down to -5 (and -30) per step: cumulative decays underflow exp, relative ones must not."""
     inputs = make_inputs(2, 150, 2, 16, 16, seed=3, decay=decay)
     o, s = run(inputs, output_final_state=True)
@@ -61,14 +74,14 @@ def test_strong_decay_stays_exact(decay):
     torch.testing.assert_close(s, rs, rtol=1e-4, atol=1e-4)
 
 
-def test_constant_strong_decay_of_minus_five():
+def test_constant_strong_decay_of_minus_five(path):
     q, k, v, _, beta = make_inputs(1, 200, 2, 16, 16, seed=4)
     inputs = (q, k, v, torch.full_like(q, -5.0), beta)
     torch.testing.assert_close(run(inputs)[0], reference_chunk_kda(*inputs)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_compute_in_fp32(dtype):
+def test_half_inputs_compute_in_fp32(dtype, path):
     inputs = make_inputs(2, 90, 2, 16, 16, seed=5, dtype=dtype)
     o, s = run(inputs, output_final_state=True)
     ro, rs = reference_chunk_kda(*inputs, output_final_state=True)
@@ -77,7 +90,7 @@ def test_half_inputs_compute_in_fp32(dtype):
     torch.testing.assert_close(s, rs, rtol=1e-4, atol=1e-4)
 
 
-def test_scale_default_and_explicit():
+def test_scale_default_and_explicit(path):
     inputs = make_inputs(1, 40, 2, 16, 8, seed=6)
     torch.testing.assert_close(run(inputs)[0], run(inputs, scale=16 ** -0.5)[0])
     torch.testing.assert_close(run(inputs, scale=0.3)[0], reference_chunk_kda(*inputs, scale=0.3)[0],
@@ -100,12 +113,16 @@ def test_chunk_size_does_not_change_the_result():
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(2, 150), frac=st.floats(0.05, 0.95), chunk=st.sampled_from([8, 16, 64]),
        decay=st.sampled_from([0.05, 1.0, 5.0]), seed=st.integers(0, 2 ** 16))
-def test_two_pieces_with_state_handed_over_equal_one_pass(t, frac, chunk, decay, seed):
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
+def test_two_pieces_with_state_handed_over_equal_one_pass(t, frac, chunk, decay, seed, native_on):
     inputs = make_inputs(2, t, 2, 8, 8, seed=seed, decay=decay)
     cut = max(1, min(t - 1, int(t * frac)))
-    o, s = run(inputs, output_final_state=True, chunk_size=chunk)
-    o1, s1 = run([x[:, :cut] for x in inputs], output_final_state=True, chunk_size=chunk)
-    o2, s2 = run([x[:, cut:] for x in inputs], initial_state=s1, output_final_state=True, chunk_size=chunk)
+    with pytest.MonkeyPatch.context() as patch:
+        if not native_on:
+            patch.setenv(native.ENV_SWITCH, "0")
+        o, s = run(inputs, output_final_state=True, chunk_size=chunk)
+        o1, s1 = run([x[:, :cut] for x in inputs], output_final_state=True, chunk_size=chunk)
+        o2, s2 = run([x[:, cut:] for x in inputs], initial_state=s1, output_final_state=True, chunk_size=chunk)
     torch.testing.assert_close(torch.cat((o1, o2), dim=1), o, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s2, s, rtol=1e-4, atol=1e-4)
 
@@ -139,7 +156,7 @@ def test_transitions_fold_across_ranks():
     torch.testing.assert_close(state, rs, rtol=1e-4, atol=1e-4)
 
 
-def test_matches_transformers_chunk_fallback():
+def test_matches_transformers_chunk_fallback(path):
     fallback = transformers_chunk_fallback()
     inputs = make_inputs(2, 100, 2, 16, 16, seed=9)
     s0 = torch.randn(2, 2, 16, 16)
@@ -194,7 +211,7 @@ def test_long_sequence_matches_transformers_fallback():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t", [1, 3, 16])
-def test_decode_steps_keep_the_callers_state(dtype, t):
+def test_decode_steps_keep_the_callers_state(dtype, t, path):
     """Short sequences (decode) run step by step: equal to the recurrence, output in v's dtype, the caller's
     initial state left as it was."""
     inputs = make_inputs(2, t, 3, 16, 8, seed=t, dtype=dtype)
