@@ -17,10 +17,12 @@ keyword-only tensor. Semantics, for router logits x [T,E], all in fp32:
 
 `out` always has shape [T,E], as in torch_npu's meta function; it is filled whatever `out_flag` says
 (on the NPU its content is only defined when out_flag is True). Ties are broken towards the lower index.
+Decode-sized routers go to a native selection (kernels/moe_gating_native.py), larger ones stay in torch.
 """
 
 import torch
 
+from npu_graph.kernels import moe_gating_native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -145,12 +147,17 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
     if static_checks_needed():
         _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
     norm = _normalize(x, norm_type)
+    renormed = norm_type == 1 or renorm == 1
+    done = moe_gating_native.select(norm, bias, k, k_group, group_count, group_select_mode, renormed, eps,
+                                    routed_scaling_factor)
+    if done is not None:
+        return done[0].to(x.dtype), done[1], norm
     score = norm if bias is None else norm + bias.float()
     if group_count > 1:
         score = _group_mask(score, k_group, group_count, group_select_mode)
     idx = _stable_topk(score, k)
     y = norm.gather(1, idx)
-    if norm_type == 1 or renorm == 1:
+    if renormed:
         y = y / (y.sum(dim=-1, keepdim=True) + eps)
     return (y * routed_scaling_factor).to(x.dtype), idx.to(torch.int32), norm
 

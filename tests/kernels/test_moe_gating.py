@@ -1,16 +1,28 @@
-"""ascend_dsa::moe_gating_top_k: the vectorized router against a brute-force per-token reference over group
-configurations, score functions and renorm modes, agreement with the DeepSeek-V3 / Kimi router, output
-dtypes and shapes, tie-breaking, opcheck, torch.compile, errors."""
+"""ascend_dsa::moe_gating_top_k: the vectorized torch router and the native decode selection against a
+brute-force per-token reference over group configurations, score functions and renorm modes, agreement with
+the DeepSeek-V3 / Kimi router, output dtypes and shapes, tie-breaking, which path answers, opcheck,
+torch.compile, errors."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import moe_gating
+from npu_graph.kernels import moe_gating, moe_gating_native, native
 from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
 from npu_graph.tools.bench_kernels_kda import grouped_router
 
 OPS = torch.ops.ascend_dsa
+LOADED, WHY = native.available(moe_gating_native.NATIVE_SOURCE)
+
+
+@pytest.fixture(params=["native", "torch"])
+def path(request, monkeypatch):
+    """Runs the test with the native selection (skipped where it cannot be built) and with the torch path."""
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    elif not LOADED:
+        pytest.skip(f"native kernel not available: {WHY}")
+    return request.param
 
 
 def assert_matches_reference(x, k, bias=None, **kwargs):
@@ -36,7 +48,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_matches_brute_force(config, with_bias, dtype):
+def test_fast_matches_brute_force(config, with_bias, dtype, path):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(40, 32, generator=g) * 2).to(dtype)
     bias = (torch.randn(32, generator=g) * 0.2).to(dtype) if with_bias else None
@@ -48,15 +60,20 @@ def test_fast_matches_brute_force(config, with_bias, dtype):
        per_group=st.integers(2, 6), mode=st.sampled_from([0, 1]), norm_type=st.sampled_from([0, 1]),
        renorm=st.sampled_from([0, 1]), with_bias=st.booleans(), scale=st.floats(0.5, 3.0),
        seed=st.integers(0, 2 ** 16))
-def test_equals_brute_force(data, tokens, group_count, per_group, mode, norm_type, renorm, with_bias, scale, seed):
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
+def test_equals_brute_force(data, tokens, group_count, per_group, mode, norm_type, renorm, with_bias, scale, seed,
+                            native_on):
     experts = group_count * per_group
     k_group = data.draw(st.integers(1, group_count))
     k = data.draw(st.integers(1, k_group * per_group))
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, experts, generator=g) * 3
     bias = torch.randn(experts, generator=g) * 0.3 if with_bias else None
-    assert_matches_reference(x, k, bias, k_group=k_group, group_count=group_count, group_select_mode=mode,
-                             renorm=renorm, norm_type=norm_type, routed_scaling_factor=scale)
+    with pytest.MonkeyPatch.context() as patch:
+        if not native_on:
+            patch.setenv(native.ENV_SWITCH, "0")
+        assert_matches_reference(x, k, bias, k_group=k_group, group_count=group_count, group_select_mode=mode,
+                                 renorm=renorm, norm_type=norm_type, routed_scaling_factor=scale)
 
 
 def test_matches_deepseek_v3_router():
@@ -71,7 +88,7 @@ def test_matches_deepseek_v3_router():
     torch.testing.assert_close(y.gather(1, mine), ref_y.gather(1, order))
 
 
-def test_best_first_and_ties_to_the_lower_index():
+def test_best_first_and_ties_to_the_lower_index(path):
     y, idx, _ = OPS.moe_gating_top_k(torch.zeros(2, 8), 3)
     assert idx.tolist() == [[0, 1, 2]] * 2
     torch.testing.assert_close(y, torch.full((2, 3), 1 / 3))
@@ -79,7 +96,7 @@ def test_best_first_and_ties_to_the_lower_index():
     assert OPS.moe_gating_top_k(x, 2)[1].tolist() == [[1, 3]]
 
 
-def test_bias_steers_selection_but_not_weights():
+def test_bias_steers_selection_but_not_weights(path):
     x = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     bias = torch.tensor([0.0, 0.0, 0.0, 5.0])
     y, idx, out = OPS.moe_gating_top_k(x, 2, bias, norm_type=1)
@@ -140,3 +157,24 @@ def test_top2_group_sum_equals_topk_with_ties(per_group):
     grouped[0, 0] = float("-inf")
     want = grouped.topk(2, dim=-1).values.sum(-1)
     assert torch.equal(moe_gating._top2_sum(grouped), want)
+
+
+@pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+@pytest.mark.parametrize(("rows", "experts", "special", "native_used"), [
+    (1, 8, None, True), (4, 256, None, True), (300, 256, None, False), (1, 8, float("nan"), False),
+    (1, 8, float("inf"), True)])
+def test_which_path_answers(rows, experts, special, native_used, monkeypatch):
+    """Decode-sized routers take the native selection (an infinite logit is a finite sigmoid score); large ones
+    and non-finite scores the torch path (which orders NaN as torch.topk does); both agree with the reference."""
+    answers = []
+    select = moe_gating_native.select
+    monkeypatch.setattr(moe_gating_native, "select", lambda *a: answers.append(select(*a)) or answers[-1])
+    x = torch.randn(rows, experts, generator=torch.Generator().manual_seed(rows))
+    if special is not None:
+        x[0, 3] = special
+    y, idx, _ = OPS.moe_gating_top_k(x, 4, k_group=2, group_count=4, group_select_mode=1)
+    ry, ridx, _ = reference_moe_gating_top_k(x, 4, k_group=2, group_count=4, group_select_mode=1)
+    assert (answers[0] is not None) == native_used
+    if special is None or special == float("inf"):
+        assert torch.equal(idx, ridx)
+        torch.testing.assert_close(y, ry)

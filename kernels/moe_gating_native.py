@@ -1,0 +1,48 @@
+"""Native router selection for `ascend_dsa::moe_gating_top_k` at decode (kernels/native/moe_gating.c, built at
+first use by kernels/native.py).
+
+For a few tokens the torch path is ~15 small tensor operations (group scores, group top-k, mask, top-k, gather,
+renormalisation), ~90 us a call and 2-3x that between a decode step's memory-bound layers; the C selection
+takes a few microseconds. The normalised scores are computed by the caller in torch (so that the op's third
+output is the torch path's, bit for bit); the kernel does the rest with the same fp32 operations. `select`
+returns None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0), when the router is larger
+than a decode-sized one, or when a score is not finite (the torch path orders NaN as torch.topk does).
+"""
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from npu_graph.kernels import native
+
+NATIVE_SOURCE = "moe_gating"
+MAX_SCORES = 1 << 16          # rows x experts above which the vectorised torch path is used
+
+
+@functools.cache
+def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+    fn = lib.mg_select
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_float,
+                   ptr, ptr]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count: int, group_select_mode: int,
+           renorm: bool, eps: float, scale: float) -> tuple[Tensor, Tensor] | None:
+    """(y fp32 [T, k], expert_idx int32 [T, k]) from the normalised scores norm fp32 [T, E], or None (module
+    docstring)."""
+    if norm.numel() > MAX_SCORES or not norm.is_cpu or not norm.is_contiguous():
+        return None
+    loaded = native.load(NATIVE_SOURCE)
+    if not loaded:
+        return None
+    rows = norm.shape[0]
+    bias = None if bias is None else bias.to(torch.float32).contiguous()
+    y, idx = torch.empty(rows, k), torch.empty(rows, k, dtype=torch.int32)
+    status = _typed(loaded.lib)(norm.data_ptr(), None if bias is None else bias.data_ptr(), rows, norm.shape[1], k,
+                                k_group, group_count, group_select_mode, int(renorm), eps, scale, y.data_ptr(),
+                                idx.data_ptr())
+    return (y, idx) if status == 0 else None

@@ -1,0 +1,85 @@
+"""ascend_dsa::causal_lengths through the native check (kernels/native/causal_lengths.c) and through the torch
+path (ASCEND_DSA_NATIVE=0), both against the row-by-row reference: bool and additive masks, broadcast
+(stride-0) masks, more queries than keys, batches of different lengths; and the errors for masks that are not
+right-down causal or hold other additive values."""
+import pytest
+import torch
+
+from npu_graph.kernels import causal_lengths as module
+from npu_graph.kernels import native
+from npu_graph.kernels.causal_lengths import reference_causal_lengths
+from npu_graph.kernels.checks import FusedPreconditionError
+
+OP = torch.ops.ascend_dsa.causal_lengths
+LOADED, WHY = native.available(module.NATIVE_SOURCE)
+
+
+@pytest.fixture(params=["native", "torch"])
+def path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    elif not LOADED:
+        pytest.skip(f"native kernel not available: {WHY}")
+    return request.param
+
+
+def causal_mask(key_lengths: list[int], rows: int, keys: int) -> torch.Tensor:
+    """Bool [B, rows, keys]: batch b's row t sees its first max(L_b - (rows - 1 - t), 0) keys."""
+    t = torch.arange(rows).view(1, rows, 1)
+    limit = torch.tensor(key_lengths).view(-1, 1, 1) - (rows - 1 - t)
+    return torch.arange(keys).view(1, 1, keys) < limit
+
+
+def additive(mask: torch.Tensor, masked: float = float("-inf")) -> torch.Tensor:
+    return torch.zeros(mask.shape).masked_fill(~mask, masked)
+
+
+def check(mask: torch.Tensor, is_additive: bool, path: str) -> None:
+    used = module._native_lengths(mask, is_additive) is not None
+    assert used == (path == "native" and mask.dtype in (torch.bool, torch.float32))
+    got_q, got_k = OP(mask, is_additive)
+    want_q, want_k = reference_causal_lengths(mask, is_additive)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert got_q.dtype == got_k.dtype == torch.int32
+
+
+@pytest.mark.parametrize(("lengths", "rows", "keys"), [
+    ([16384], 1, 16640), ([5, 9, 1], 1, 12), ([7, 12], 4, 12), ([3], 6, 10), ([0, 4], 2, 8), ([10], 10, 10)])
+@pytest.mark.parametrize("kind", ["bool", "additive_inf", "additive_finite", "additive_bf16"])
+def test_lengths_match_reference(lengths, rows, keys, kind, path):
+    mask = causal_mask(lengths, rows, keys)
+    if kind == "bool":
+        check(mask, False, path)
+        return
+    dtype = torch.bfloat16 if kind == "additive_bf16" else torch.float32
+    check(additive(mask, -1e30 if kind == "additive_finite" else float("-inf")).to(dtype), True, path)
+
+
+def test_broadcast_mask(path):
+    """The fusion passes expand a [1, 1, keys] mask over the batch: stride 0 along it."""
+    mask = causal_mask([6], 1, 9).expand(3, 1, 9)
+    assert mask.stride(0) == 0
+    check(mask, False, path)
+
+
+def flipped(row: int, key: int, visible: bool):
+    def change(mask: torch.Tensor) -> torch.Tensor:
+        mask[0, row, key] = visible
+        return mask
+    return change
+
+
+@pytest.mark.parametrize("change", [flipped(0, 2, False), flipped(1, 7, True), flipped(0, 4, True)],
+                         ids=["hole_in_prefix", "key_after_prefix", "row_sees_too_much"])
+@pytest.mark.parametrize("is_additive", [False, True])
+def test_not_causal_raises(change, is_additive, path):
+    mask = change(causal_mask([6], 3, 9))
+    with pytest.raises(FusedPreconditionError, match="not right-down causal"):
+        OP(additive(mask) if is_additive else mask, is_additive)
+
+
+def test_other_additive_values_raise(path):
+    mask = additive(causal_mask([4], 1, 8))
+    mask[0, 0, 6] = -1.0
+    with pytest.raises(FusedPreconditionError, match="0 \\(visible\\) or a very large negative"):
+        OP(mask, True)
