@@ -3,7 +3,15 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.direct_calls import ATEN_PREFIX, PREFIX, bind_aten_calls, bind_direct_calls, implementation
+from npu_graph.direct_calls import (
+    ATEN_PREFIX,
+    PREFIX,
+    PYTHON_BINDINGS,
+    aten_callable,
+    bind_aten_calls,
+    bind_direct_calls,
+    implementation,
+)
 
 
 def test_fused_op_calls_are_bound_to_their_implementation():
@@ -21,12 +29,37 @@ def test_aten_calls_are_bound_to_their_overloads():
               "    z = torch.ops.aten.add.Tensor(y, x)\n    return torch.ops.aten.view.default(z, [-1])\n")
     runnable, functions = bind_aten_calls(source)
     assert "torch.ops" not in runnable and runnable.count(f"{ATEN_PREFIX}add_Tensor(") == 2
-    assert functions == {f"{ATEN_PREFIX}add_Tensor": torch.ops.aten.add.Tensor._op,
-                         f"{ATEN_PREFIX}view_default": torch.ops.aten.view.default._op}
+    assert functions == {f"{ATEN_PREFIX}add_Tensor": torch.add, f"{ATEN_PREFIX}view_default": torch.Tensor.view}
+    assert aten_callable("neg", "default") is torch.ops.aten.neg.default._op
     namespace = dict(functions)
     exec(runnable, namespace)
     x = torch.randn(2, 3)
     assert torch.equal(namespace["forward"](None, x), (x + 1 + x).view(-1))
+
+
+def _binding_cases() -> dict[str, list[tuple]]:
+    """Arguments as generated sources pass them, per bound overload (scalars, lists, keywords, broadcasting)."""
+    x, y, m = torch.randn(2, 3, 4), torch.randn(3, 4), torch.randn(2, 4, 5)
+    return {
+        "view.default": [(x, [6, 4]), (x, [-1])], "unsqueeze.default": [(x, -1), (y, 0)],
+        "mul.Tensor": [(x, y), (x, 0.125), (x.int(), 2)], "add.Tensor": [(x, y), (x, 1e-06), ((x, y), {"alpha": 2})],
+        "sub.Tensor": [(y, x), (x, 3)], "cat.default": [([x, x], -1), ([y, y],)], "stack.default": [([y, y], 1)],
+        "select.int": [(x, 1, 0), (x, -1, 3)], "bmm.default": [(x, m)], "permute.default": [(x, [2, 0, 1])],
+        "transpose.int": [(x, 0, 2)], "sum.dim_IntList": [(x, [-1], True), ((x, [0, 1]), {"dtype": torch.float64})],
+        "pow.Tensor_Scalar": [(x, 2), (x, 0.5)], "sigmoid.default": [(x,)], "exp.default": [(x,)],
+        "rsqrt.default": [(x.abs(),)], "cos.default": [(x,)], "sin.default": [(x,)],
+    }
+
+
+@pytest.mark.parametrize("overload", sorted(PYTHON_BINDINGS))
+def test_python_bindings_equal_the_overloads(overload):
+    """Every bound Python binding gives the overload's result: values, dtype, shape and strides."""
+    op = getattr(getattr(torch.ops.aten, overload.split(".")[0]), overload.split(".")[1])
+    for case in _binding_cases()[overload]:
+        args, kwargs = case if isinstance(case[-1], dict) else (case, {})
+        got, want = PYTHON_BINDINGS[overload](*args, **kwargs), op(*args, **kwargs)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_compiled_graph_runs_direct_calls_with_identical_results():
