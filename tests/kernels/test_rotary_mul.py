@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_graph.kernels import native
 from npu_graph.kernels import rotary_mul as rotary_module
 from npu_graph.kernels.rotary_mul import reference_rotary_mul
 
@@ -15,7 +16,7 @@ OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MODES = ["half", "interleave"]
 TOL = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (2 ** -7, 1e-2), torch.float16: (2 ** -10, 1e-3)}
-PATHS = {"gather": 1 << 30, "halves": 0}
+PATHS = {"few_rows": 1 << 30, "halves": 0}
 
 
 def angles(shape, g):
@@ -38,9 +39,13 @@ def unfused(x, cos, sin, mode):
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-@pytest.fixture(params=list(PATHS), ids=list(PATHS))
+@pytest.fixture(params=[*PATHS, "few_rows_torch"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(rotary_module, "FEW_ELEMS", PATHS[request.param])
+    """The blocked path, the few-rows path (native kernel for fp32 where it is built), and the few-rows path
+    with the native kernel switched off."""
+    if request.param == "few_rows_torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    monkeypatch.setattr(rotary_module, "FEW_ELEMS", PATHS.get(request.param, 1 << 30))
     return request.param
 
 
@@ -120,3 +125,18 @@ def test_compiles_with_fake_shapes():
     fn = torch.compile(lambda a, b, c: OPS.rotary_mul(a, b, c, rotary_mode="interleave"), backend="eager",
                        fullgraph=True)
     assert torch.equal(fn(x, r1, r2), OPS.rotary_mul(x, r1, r2, rotary_mode="interleave"))
+
+
+def test_few_fp32_rows_take_the_native_kernel_bit_for_bit():
+    """Decode-sized fp32 rows (a transposed layout, angles broadcast over heads) go to the native kernel, whose
+    result equals the unfused form's."""
+    loaded, why = native.available(rotary_module.NATIVE_SOURCE)
+    if not loaded:
+        pytest.skip(f"native kernel not available: {why}")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 8, 1, 64, generator=g).transpose(1, 2)
+    cos, sin = angles((1, 1, 1, 32), g)
+    for mode in MODES:
+        got = rotary_module._native_rows(x, full_dim(cos, mode), full_dim(sin, mode), mode)
+        assert got is not None and got.stride() == torch.empty_like(x).stride()
+        assert torch.equal(got, unfused(x, cos, sin, mode))
