@@ -143,7 +143,7 @@ def direct_phase(blocks: torch.Tensor, partial: torch.Tensor | None, queries: to
 def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], bool]:
     fn = lib.ar_rows
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_float, ptr]
+    fn.argtypes = [ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr]
     fn.restype = ctypes.c_int
     return fn, bool(lib.ar_has_f16())
 
@@ -161,10 +161,11 @@ def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: 
     if dtype == torch.float16 and not has_f16:
         return None
     n, b, t, d = blocks.shape
-    wq = _scaled_queries(queries, norm_weight).t().contiguous()          # [S, D] fp32
-    out = torch.empty(wq.shape[0], b, t, d, dtype=dtype)
+    q = queries.to(torch.float32).contiguous()                          # [S, D]; the kernel folds the norm weight in
+    w = None if norm_weight is None else norm_weight.to(torch.float32).contiguous()
+    out = torch.empty(q.shape[0], b, t, d, dtype=dtype)
     status = fn(blocks.data_ptr(), None if partial is None else partial.data_ptr(), native.DTYPE_CODES[dtype], n, b * t,
-                d, wq.data_ptr(), wq.shape[0], eps, out.data_ptr())
+                d, q.data_ptr(), None if w is None else w.data_ptr(), q.shape[0], eps, out.data_ptr())
     return out if status == 0 else None
 
 
@@ -175,12 +176,13 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
     if static_checks_needed():
         _validate(blocks, partial, queries, norm_weight)
     n, b, t, d = blocks.shape
+    direct = b * t <= _DIRECT_ROWS and (n > 0 or partial is not None)
+    done = _native_direct(blocks, partial, queries, norm_weight, eps) if direct else None
+    if done is not None:
+        return done
     flat_blocks = blocks.reshape(n, b * t, d)
     flat_partial = None if partial is None else partial.reshape(b * t, d)
-    if b * t <= _DIRECT_ROWS and (n > 0 or partial is not None):
-        done = _native_direct(blocks, partial, queries, norm_weight, eps)
-        if done is not None:
-            return done
+    if direct:
         out = direct_phase(flat_blocks, flat_partial, queries, norm_weight, eps).to(blocks.dtype)
         return out.reshape(queries.shape[0], b, t, d).contiguous()
     out = blocks.new_empty(queries.shape[0], b * t, d)

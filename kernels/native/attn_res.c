@@ -2,8 +2,8 @@
  * Plain C, no torch headers, one thread (a decode step has one row of a few blocks).
  *
  * For every row r (of `rows`), the values v_0..v_{n-1} = blocks[i][r] and, when given, v_n = partial[r]
- * (fp32, bf16 or fp16, rows of d contiguous values), and every pseudo-query s of wq [S][d] (fp32, the norm
- * weight already folded in):
+ * (fp32, bf16 or fp16, rows of d contiguous values), and every pseudo-query s of q [S][d] (fp32) with the norm
+ * weight w [d] (fp32, NULL: ones) folded in, wq_s = q_s * w (rounded to fp32, as the torch path forms it):
  *   logit[i][s] = (v_i . wq_s) / sqrt(mean(v_i^2) + eps)
  *   out[s][r]   = sum_i softmax_i(logit[.][s]) v_i           fp32, rounded once to the values' dtype
  * fp16 needs the compiler's _Float16 (ar_has_f16).
@@ -28,16 +28,18 @@ static void gather_values(const void *blocks, const void *partial, int dtype, in
 
 /* Returns 0, or -1 when the working buffers could not be allocated. */
 int ar_rows(const void *blocks, const void *partial, int dtype, int64_t n, int64_t rows, int64_t d,
-            const float *wq, int64_t S, float eps, void *out) {
+            const float *q, const float *w, int64_t S, float eps, void *out) {
     int64_t m = n + (partial != NULL);
     float *vals = malloc((size_t)(m * d) * sizeof(float)), *logit = malloc((size_t)(m * S) * sizeof(float));
-    float *acc = malloc((size_t)d * sizeof(float));
-    if (!vals || !logit || !acc) {
+    float *acc = malloc((size_t)d * sizeof(float)), *wq = malloc((size_t)(S * d) * sizeof(float));
+    if (!vals || !logit || !acc || !wq) {
         free(vals);
         free(logit);
         free(acc);
+        free(wq);
         return -1;
     }
+    for (int64_t j = 0; j < S * d; j++) wq[j] = w ? q[j] * w[j % d] : q[j];
     for (int64_t r = 0; r < rows; r++) {
         gather_values(blocks, partial, dtype, n, rows, d, r, vals);
         for (int64_t i = 0; i < m; i++) {
@@ -73,5 +75,6 @@ int ar_rows(const void *blocks, const void *partial, int dtype, int64_t n, int64
     free(vals);
     free(logit);
     free(acc);
+    free(wq);
     return 0;
 }
