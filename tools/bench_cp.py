@@ -7,11 +7,13 @@ figure is max/mean over ranks (1.0 = perfect balance; target for zigzag <= 1.01)
 one rank receives: the other ranks' indexer keys, MLA latents and RoPE keys (fp32).
 
 KDA rows: npu_graph.parallel.kda_split on contiguous slices. The work fraction is one rank's work over the
-single-process run: by a FLOP model of chunk_kda (per chunk of C steps and head: decayed grams 4C²K, the
-triangular inverse C³/3, its application 2C²(V + K), the state scan 4CKV, the outputs 2CKV + 2C²V), where
-a rank runs T/cp steps with V + K value columns, then the correction Q̃ S (2KV per step) and the fold; and
-measured, as the median time of a rank's local work (its fused call with the extra columns, the fold and
-the correction, in this process) over one single-process chunk_kda call. Ideal is 1/cp. Communication is
+single-process run: by a FLOP model of the chunked form the NPU runs (per chunk of C steps and head: decayed
+grams 4C²K, the triangular inverse C³/3, its application 2C²(V + K), the state scan 4CKV, the outputs 2CKV +
+2C²V), where a rank runs T/cp steps with V + K value columns, then the correction Q̃ S (2KV per step) and the
+fold; and measured, as the median time of a rank's local work (its fused call with the extra columns, the fold
+and the correction, in this process) over one single-process chunk_kda call. On a CPU with the native recurrence
+(cost linear in the value columns) a rank with V + K columns does (T/cp)(V + K)/V of the work, 2/cp for K = V,
+so the measured fraction sits above the FLOP model's. Ideal is 1/cp. Communication is
 the one all-gather of [Z | A] per slice, B·H·K·(V + K) fp32 values from each rank.
 """
 from __future__ import annotations
