@@ -2,7 +2,8 @@
 
 Fusions restack expert weights, casts and transposes read only parameters; in an inference graph those
 values change only when a parameter does. `split_prologue` moves every pure computation whose inputs are all
-parameters (or constants) into a separate `prologue` graph whose outputs become extra inputs of the main
+parameters or constants (deterministic factories such as `arange`, and what is computed from them) into a
+separate `prologue` graph whose outputs become extra inputs of the main
 graph. The runtime (CompiledGraph) runs the prologue on the first call and again only when a parameter
 object or its version counter changes (an in-place weight update), so results always match eager.
 """
@@ -11,13 +12,29 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+aten = torch.ops.aten
+# Deterministic factories with static arguments: their values (and what is computed from them alone, such as
+# transformers' causal and packed-sequence masks built from aranges) are the same on every call.
+CONSTANT_FACTORIES = {aten.arange.default, aten.arange.start, aten.arange.start_step, aten.ones.default,
+                      aten.zeros.default, aten.full.default, aten.scalar_tensor.default}
+
+
+def _reads_only(node: torch.fx.Node, found: set[torch.fx.Node]) -> bool:
+    """A pure call whose tensor inputs are all hoistable, or a constant factory (no inputs at all)."""
+    if node.op != "call_function" or node.is_impure():
+        return False
+    inputs = node.all_input_nodes
+    return all(arg in found for arg in inputs) if inputs else node.target in CONSTANT_FACTORIES
+
 
 def _hoistable(gm: torch.fx.GraphModule, param_indices: set[int]) -> set[torch.fx.Node]:
+    """Nodes computed from parameters and constants only; values the graph returns stay in it (the caller may
+    modify a returned tensor, which must not change the next call's)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found = {placeholders[i] for i in param_indices if i < len(placeholders)}
+    returned = {arg for node in gm.graph.nodes if node.op == "output" for arg in node.all_input_nodes}
     for node in gm.graph.nodes:
-        if node.op == "get_attr" or (node.op == "call_function" and not node.is_impure() and node.all_input_nodes and \
-                all(arg in found for arg in node.all_input_nodes)):
+        if node not in returned and (node.op == "get_attr" or _reads_only(node, found)):
             found.add(node)
     return found
 

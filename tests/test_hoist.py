@@ -59,3 +59,45 @@ def test_prologue_survives_the_disk_cache(tmp_path):
     assert backend.reports[-1].cache == "hit"
     torch.testing.assert_close(first, second)
     torch.testing.assert_close(second, model(x))
+
+
+class MaskedScores(torch.nn.Module):
+    """A causal mask built from aranges on every call (as transformers' mask helpers do), used and returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        n = x.shape[-2]
+        positions = torch.arange(n)
+        visible = (positions[None, :] <= positions[:, None]) & (torch.ones(n, n, dtype=torch.bool))
+        h = x @ self.w
+        scores = (h @ h.transpose(-1, -2)).masked_fill(~visible, float("-inf"))
+        return scores.softmax(-1) @ h, torch.arange(n) * 2
+
+
+def test_constant_masks_are_computed_once_and_returned_constants_are_fresh(monkeypatch):
+    from npu_graph.targets import cpu
+    split = cpu.split_prologue
+    seen = []
+
+    def spy(gm, param_indices):
+        prologue, used = split(gm, param_indices)
+        seen.append((prologue, {str(n.target) for n in gm.graph.nodes}))
+        return prologue, used
+    monkeypatch.setattr(cpu, "split_prologue", spy)
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    model = MaskedScores()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        first_out, first_positions = compiled(x)
+        first_positions.add_(100)                   # the caller changes a returned tensor
+        out, positions = compiled(x)
+    want_out, want_positions = model(x)
+    torch.testing.assert_close(out, want_out)
+    assert torch.equal(positions, want_positions) and torch.equal(first_out, out)
+    prologue, main_ops = seen[-1]
+    assert prologue is not None and "aten.le.Tensor" in {str(n.target) for n in prologue.graph.nodes}
+    assert "aten.le.Tensor" not in main_ops and "aten.mul.Tensor" in main_ops   # the returned product stays

@@ -1,7 +1,7 @@
 """`ascend-dsa bench e2e`: the reference model's prefill (context 4K, `small`) and decode step (context 16K,
 `ctx16k`) in eager, Inductor and ascend_dsa (with its default SuperKernel regions, and without them:
 `ascend_dsa_nosk`), timed side by side in one process, with each backend's cold compile time (first call
-minus the steady-state median)."""
+minus the steady-state median); and a tiny transformers Kimi Linear's prefill (2048 tokens, bench_e2e_kimi)."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import npu_graph
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
 from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa", "ascend_dsa_nosk")
@@ -122,6 +123,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     token = torch.randint(0, long.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(2))
     rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1, repeat * 3,
                          warm_cache=lambda cache: cache.fill_synthetic_(decode_ctx - 1))
+    torch._dynamo.reset()
+    rows += kimi_prefill_rows(512 if args.quick else 2048, repeat)
     return {"suite": "e2e", "rows": rows,
             "notes": ["speedups are ratios of medians measured alternately in this run",
                       "cold_compile_s = first call - steady-state median, Dynamo tracing included"]}
