@@ -19,6 +19,9 @@ from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
 from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa", "ascend_dsa_nosk")
+# A decode step takes ~10-25 ms: many more rounds than a prefill for the same run time, and medians that move
+# less with this VM's jitter (~0.5 ms between runs of 15 rounds).
+DECODE_ROUNDS = 12
 
 
 def build_model(config_name: str, seed: int = 0) -> HybridLM:
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch._dynamo.reset()
     long = build_model("ctx16k")
     token = torch.randint(0, long.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(2))
-    rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1, repeat * 3,
+    rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1, repeat * DECODE_ROUNDS,
                          warm_cache=lambda cache: cache.fill_synthetic_(decode_ctx - 1))
     torch._dynamo.reset()
     rows += kimi_prefill_rows(512 if args.quick else 2048, repeat)
