@@ -4,23 +4,14 @@ path (ASCEND_DSA_NATIVE=0), both against the row-by-row reference: bool and addi
 right-down causal or hold other additive values."""
 import pytest
 import torch
+from native_paths import native_and_torch
 
 from npu_graph.kernels import causal_lengths as module
-from npu_graph.kernels import native
 from npu_graph.kernels.causal_lengths import reference_causal_lengths
 from npu_graph.kernels.checks import FusedPreconditionError
 
 OP = torch.ops.ascend_dsa.causal_lengths
-LOADED, WHY = native.available(module.NATIVE_SOURCE)
-
-
-@pytest.fixture(params=["native", "torch"])
-def path(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    elif not LOADED:
-        pytest.skip(f"native kernel not available: {WHY}")
-    return request.param
+path = native_and_torch(module.NATIVE_SOURCE)
 
 
 def causal_mask(key_lengths: list[int], rows: int, keys: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_paths import native_and_torch
 
 from npu_graph.kernels import moe_gating, moe_gating_native, native
 from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
@@ -14,15 +15,7 @@ from npu_graph.tools.bench_kernels_kda import grouped_router
 OPS = torch.ops.ascend_dsa
 LOADED, WHY = native.available(moe_gating_native.NATIVE_SOURCE)
 
-
-@pytest.fixture(params=["native", "torch"])
-def path(request, monkeypatch):
-    """Runs the test with the native selection (skipped where it cannot be built) and with the torch path."""
-    if request.param == "torch":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    elif not LOADED:
-        pytest.skip(f"native kernel not available: {WHY}")
-    return request.param
+path = native_and_torch(moe_gating_native.NATIVE_SOURCE)
 
 
 def assert_matches_reference(x, k, bias=None, **kwargs):

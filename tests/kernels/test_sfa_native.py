@@ -3,6 +3,7 @@ the torch path (ASCEND_DSA_NATIVE=0), both against the fp32 reference: BSND and 
 entries, empty selections, blocks of positions, duplicates, distinct values, split and unsplit tokens."""
 import pytest
 import torch
+from native_paths import native_and_torch
 from test_sparse_flash_attention import assert_outputs_close, make_inputs, random_indices, to_paged
 
 from npu_graph.kernels import native
@@ -11,15 +12,7 @@ from npu_graph.kernels import sparse_flash_attention as sfa
 OP = torch.ops.ascend_dsa.sparse_flash_attention
 LOADED, WHY = native.available(sfa.NATIVE_SOURCE)
 
-
-@pytest.fixture(params=["native", "torch"])
-def path(request, monkeypatch):
-    """Runs the test once with the native kernel (skipped where it cannot be built) and once without."""
-    if request.param == "torch":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    elif not LOADED:
-        pytest.skip(f"native kernel not available: {WHY}")
-    return request.param
+path = native_and_torch(sfa.NATIVE_SOURCE)
 
 
 def check_path(path, q, kv, kr, table=None):
