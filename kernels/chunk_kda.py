@@ -71,6 +71,8 @@ def _validate(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch
     require_same(OP, "shapes of `g` and `k` [B,T,H,K]", tuple(g.shape), tuple(k.shape))
     require_same(OP, "[B,T,H] of `v` and `k`", tuple(v.shape[:3]), tuple(k.shape[:3]))
     require_same(OP, "shape of `beta` and [B,T,H] of `k`", tuple(beta.shape), tuple(k.shape[:3]))
+    require(k.shape[3] > 0, f"{OP}: the head dim K of `k` [B,T,H,K] is 0; KDA needs K >= 1 (its default scale is "
+                            f"K ** -0.5)")
     require_positive(OP, "chunk_size", chunk_size)
     require(chunk_size & (chunk_size - 1) == 0, f"{OP}: `chunk_size` must be a power of two, got {chunk_size}")
     if initial_state is not None:

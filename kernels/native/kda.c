@@ -178,6 +178,7 @@ static int tile_vectors(int64_t dv) {
 /* Runs the recurrence (file comment). Returns 0, or -1 when a buffer could not be allocated. */
 int kda_recurrence(const float *q, const float *k, const float *e, const float *v, const float *beta, float scale,
                    int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv, float *state, float *o) {
+    if (steps == 0) return 0;   /* no step reads anything; the state stays as it is */
     const struct kda_args a = {q, k, e, v, beta, state, o, batch, steps, heads, dk, dv, scale};
     const int nv = tile_vectors(dv);
     const int64_t cols = (int64_t)nv * VL, tiles = (dv + cols - 1) / cols, jobs = batch * heads * tiles;

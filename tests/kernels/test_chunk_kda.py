@@ -191,6 +191,7 @@ def test_compiles_fullgraph_dynamic():
     (lambda a: {**a, "v": a["v"][:, :5]}, r"\[B,T,H\] of `v` and `k`"),
     (lambda a: {**a, "k": a["k"].int()}, "`k` has dtype torch.int32"),
     (lambda a: {**a, "chunk_size": 48}, "power of two"),
+    (lambda a: {**a, "q": a["q"][..., :0], "k": a["k"][..., :0], "g": a["g"][..., :0]}, "head dim K of `k`"),
     (lambda a: {**a, "chunk_size": 0}, "`chunk_size` must be > 0"),
     (lambda a: {**a, "initial_state": torch.zeros(1, 2, 8, 5)}, "shape of `initial_state`"),
     (lambda a: {**a, "initial_state": torch.zeros(1, 2, 8, 8, dtype=torch.float64)}, "initial_state"),

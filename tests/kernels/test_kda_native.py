@@ -94,3 +94,14 @@ def test_callers_state_is_not_changed():
     before = s0.clone()
     OP(*inputs, initial_state=s0, output_final_state=True)
     assert torch.equal(s0, before)
+
+
+@pytest.mark.parametrize(("t", "dk", "dv"), [(0, 8, 4), (5, 8, 0)])
+def test_empty_sizes(t, dk, dv):
+    """No steps or no values: empty outputs, the initial state handed back unchanged."""
+    inputs = make_inputs(1, t, 2, dk, dv, seed=18)
+    s0 = torch.randn(1, 2, dk, dv)
+    o, s = OP(*inputs, initial_state=s0, output_final_state=True)
+    ro, rs = reference_chunk_kda(*inputs, initial_state=s0, output_final_state=True)
+    assert o.shape == (1, t, 2, dv) and torch.equal(o, ro)
+    torch.testing.assert_close(s, rs)
