@@ -6,13 +6,14 @@
  *   S   = Diag(e_t) S + k_t u_t^T                            the gated delta rule
  *   o_t = scale * q_t^T S                                    [V]
  * Each column of S evolves on its own (the decay and k_t act on rows), so the state is cut into tiles of up to
- * MAX_NV vectors of columns, one (b, h, tile) per job; every step is one pass over the tile that updates it and
- * accumulates o_t and, for the next step, (k_t+1 * e_t+1)^T S.
+ * MAX_NV vectors of columns, one (b, h, tile) per job; a step reads and writes each element of the tile once,
+ * updating it and accumulating o_t and, for the next step, (k_t+1 * e_t+1)^T S (PASS_NV vectors of columns at a
+ * time down the rows, so that the accumulators stay in registers).
  *
  * The decay is applied lazily: the tile holds S~ with S = Diag(d) S~, d the product of the decays since the
  * last reset, so a step adds (k_t / d) u_t^T to S~ and reads it with q_t * d and k_t+1 * e_t+1 * d: three fused
  * multiply-adds per state element instead of a multiply and three. A step where some row's d would fall below
- * LAZY_MIN_DECAY applies d to the tile (S~ becomes S, d resets to 1) in the same pass, so 1/d stays below
+ * LAZY_MIN_DECAY first applies d to the tile (S~ becomes S, d resets to 1), so 1/d stays below
  * 1/LAZY_MIN_DECAY and S~ within that factor of S: no overflow and the same relative precision as the direct
  * form. Jobs are spread over the OpenMP threads when there is enough work (a decode step runs on the calling
  * thread).
