@@ -28,6 +28,7 @@ Node = torch.fx.Node
 FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 MASKED = -1e30
 MAX_EVAL_NODES = 200
+MAX_MASK_ELEMENTS = 1 << 26       # [8K, 8K]: larger masks are not built at compile time
 
 
 def _constant_nodes(mask: Node) -> list[Node]:
@@ -74,6 +75,8 @@ def _rewrite(node: Node) -> str:
     rows, cols = q.shape[-2], k.shape[-2]
     if not isinstance(rows, int) or not isinstance(cols, int):
         raise NoMatch("symbolic sequence lengths")
+    if val(mask).numel() > MAX_MASK_ELEMENTS:
+        raise NoMatch(f"the mask has {val(mask).numel()} values, more than are built at compile time")
     with torch.no_grad(), unset_fake_temporarily():      # passes run under fake tensors: compute real values
         causal = _is_causal(_evaluate(_constant_nodes(mask)), rows, cols)
     if not causal:

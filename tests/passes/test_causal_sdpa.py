@@ -65,3 +65,10 @@ def test_mask_from_an_input_is_left_alone(watch_pass):
     watched = watch_pass(causal_sdpa, fn, *qkv(), causal_bool(16))
     assert watched.stats["matches"] == {}
     assert any("not a constant" in miss["reason"] for miss in watched.stats["near_misses"])
+
+
+def test_masks_too_large_to_build_at_compile_time_are_left_alone(watch_pass, monkeypatch):
+    monkeypatch.setattr(causal_sdpa, "MAX_MASK_ELEMENTS", 100)
+    watched = watch_pass(causal_sdpa, attend("bool"), *qkv())
+    assert watched.stats["matches"] == {}
+    assert any("built at compile time" in miss["reason"] for miss in watched.stats["near_misses"])
