@@ -10,7 +10,7 @@ Outputs `(o, final_state)`: o [B,T,H,V] in v's dtype; final_state [B,H,K,V] fp32
 `output_final_state`, else an empty fp32 tensor of shape [0] (a custom op cannot return None).
 
 CPU paths, all in fp32. Where the native library is built (kernels/chunk_kda_native.py), the recurrence itself
-runs in C with the state in cache: on a CPU that beats the chunked form below (T=4096, H=4, K=V=128: ~15 vs
+runs in C with the state in cache: on a CPU that beats the chunked form below (T=4096, H=4, K=V=128: ~13 vs
 ~55 ms), which is what the NPU kernels run and what the torch path runs without a C compiler.
 
 Chunked form (WY / UT-transform). Inside a chunk of C steps, with
@@ -283,10 +283,10 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
         else initial_state.reshape(b * h, dk, dv)
     own_state = state if initial_state is None else state.to(torch.float32, copy=True).contiguous()
-    done = chunk_kda_native.recurrence(q, k, v, _exp_decay(g.float()), beta, scale, own_state)
-    if done is not None:
-        o, final = done
-    elif t_len <= RECURRENT_MAX_T:   # updates the state in place: never the caller's
+    native_fn = chunk_kda_native.kernel()
+    if native_fn is not None:        # both update the state in place: never the caller's
+        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, _exp_decay(g.float()), beta, scale, own_state)
+    elif t_len <= RECURRENT_MAX_T:
         o, final = _recurrent_steps(q, k, v, g, beta, scale, own_state)
     else:
         o, final = _chunked(q, k, v, g, beta, scale, state, chunk_size)

@@ -1,13 +1,14 @@
 """Native KDA recurrence for `ascend_dsa::chunk_kda` (kernels/native/kda.c, built at first use by kernels/native.py).
 
 On a CPU the recurrence itself, run with the state in cache, beats the chunked matrix form: each state column
-evolves on its own, so a [K, 32] tile of the state stays in L1 for the whole sequence and every step costs four
-vector operations per state element, where the chunked form's GEMMs and elementwise passes cost more work and
-stream [T, K] tensors through memory several times (T=4096, H=4, K=V=128: ~10 vs ~60 ms). The results are the
-recurrence's, in fp32 (the definition in kernels/chunk_kda.py, up to summation order).
+evolves on its own, so a [K, <= 128] tile of the state stays in cache for the whole sequence and every step costs
+three fused multiply-adds per state element (the decay is applied lazily, see kda.c), where the chunked form's
+GEMMs and elementwise passes cost more work and stream [T, K] tensors through memory several times (T=4096, H=4,
+K=V=128: ~13 vs ~55 ms). The results are the recurrence's, in fp32 (the definition in kernels/chunk_kda.py, up
+to summation order).
 
-`recurrence` returns None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0): the caller keeps
-its torch path then.
+`kernel()` is None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0): the caller keeps its
+torch path then, and computes nothing for this one.
 """
 import ctypes
 import functools
@@ -33,20 +34,22 @@ def _fp32(x: Tensor) -> Tensor:
     return x.to(torch.float32).contiguous()
 
 
-def recurrence(q: Tensor, k: Tensor, v: Tensor, exp_g: Tensor, beta: Tensor, scale: float,
-               state: Tensor) -> tuple[Tensor, Tensor] | None:
-    """o [B,T,H,V] fp32 and the final state, or None (module docstring). q, k, exp_g [B,T,H,K], v [B,T,H,V],
-    beta [B,T,H]; exp_g is exp of the log decay; state [B*H, K, V] fp32 contiguous, updated in place."""
+def kernel() -> ctypes._CFuncPtr | None:
+    """The native recurrence, or None (module docstring)."""
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded or not state.is_contiguous() or state.dtype != torch.float32:
-        return None
+    return _typed(loaded.lib) if loaded else None
+
+
+def recurrence(fn: ctypes._CFuncPtr, q: Tensor, k: Tensor, v: Tensor, exp_g: Tensor, beta: Tensor, scale: float,
+               state: Tensor) -> tuple[Tensor, Tensor]:
+    """o [B,T,H,V] fp32 and the final state through `kernel()`'s fn. q, k, exp_g [B,T,H,K], v [B,T,H,V],
+    beta [B,T,H]; exp_g is exp of the log decay; state [B*H, K, V] fp32 contiguous, updated in place."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
     q, k, exp_g, v, beta = (_fp32(x) for x in (q, k, exp_g, v, beta))
     o = torch.empty(b, t_len, h, dv)
-    failed = _typed(loaded.lib)(q.data_ptr(), k.data_ptr(), exp_g.data_ptr(), v.data_ptr(), beta.data_ptr(),
-                                scale, b, t_len, h, dk, dv, state.data_ptr(), o.data_ptr())
-    if failed:
+    if fn(q.data_ptr(), k.data_ptr(), exp_g.data_ptr(), v.data_ptr(), beta.data_ptr(), scale, b, t_len, h, dk, dv,
+          state.data_ptr(), o.data_ptr()):
         raise MemoryError(f"chunk_kda: the native kernel could not allocate its state tiles; set "
                           f"{native.ENV_SWITCH}=0 to use the torch path")
     return o, state

@@ -24,15 +24,15 @@ def assert_matches_reference(inputs, s0=None, tol=1e-4, **kwargs):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the calls that the native kernel answered."""
+    """Records, per call of the op, whether the native kernel answered it."""
     answered = []
-    recurrence = chunk_kda_native.recurrence
+    kernel = chunk_kda_native.kernel
 
-    def counting(*args):
-        done = recurrence(*args)
-        answered.append(done is not None)
-        return done
-    monkeypatch.setattr(chunk_kda_native, "recurrence", counting)
+    def recording():
+        fn = kernel()
+        answered.append(fn is not None)
+        return fn
+    monkeypatch.setattr(chunk_kda_native, "kernel", recording)
     return answered
 
 
