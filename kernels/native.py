@@ -1,7 +1,8 @@
 """Native CPU kernels: the plain C sources in kernels/native/ (no torch headers), compiled at first use with the
 system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers.
 
-`load(name)` builds kernels/native/<name>.c once per machine and process. The shared library goes into a cache
+`load(name)` builds kernels/native/<name>.c once per machine and process; `bind_calls` binds a compiled graph's
+ATen calls to a kernel module's native-or-ATen function. The shared library goes into a cache
 folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else ~/.cache/ascend_dsa/native) under a
 file name keyed by a hash of the source (with the folder's headers), the compiler, the flags and the CPU
 (`-march=native` code only runs on the CPU it was built for); it is written to a temporary file and renamed into
@@ -21,8 +22,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
@@ -130,3 +133,17 @@ def available(name: str) -> tuple[bool, str]:
     """(whether kernels/native/<name>.c is loaded, its path or why the torch path is used)."""
     native = load(name)
     return bool(native), native.reason
+
+
+def bind_calls(source: str, call: str, name: str, library: str,
+               make: Callable[[ctypes.CDLL], Callable[..., Any]]) -> tuple[str, dict[str, Any]]:
+    """For the CPU runtime: `source` with every `call` (the text "torch.ops.aten.<op>.<overload>(") calling
+    `name` instead, and {name: make(lib)} for the namespace it runs in, lib being kernels/native/<library>.c
+    loaded; the source unchanged and no entry when it has no such call or the library is not loaded
+    (ASCEND_DSA_NATIVE=0 is read here, when the graph is built)."""
+    if call not in source:
+        return source, {}
+    loaded = load(library)
+    if not loaded:
+        return source, {}
+    return source.replace(call, f"{name}("), {name: make(loaded.lib)}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ from npu_graph.kernels import native
 NATIVE_SOURCE = "skinny_mm"
 MAX_ROWS = 4            # measured: parity with MKL at 8 rows of a [512, 512] weight, 1.3-2.4x faster at 4
 NAME = "_ascend_dsa_skinny_mm"
-_CALL = re.compile(r"torch\.ops\.aten\.mm\.default\(")
+_CALL = "torch.ops.aten.mm.default("
 _aten_mm = torch.ops.aten.mm.default
 _F32 = torch.float32
 
@@ -87,7 +86,5 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 def bind(source: str) -> tuple[str, dict[str, Any]]:
     """The source with its aten.mm calls calling the native product, and the namespace entry it needs; the
     source unchanged when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is built)."""
-    loaded = native.load(NATIVE_SOURCE)
-    if not loaded or not _CALL.search(source):
-        return source, {}
-    return _CALL.sub(f"{NAME}(", source), {NAME: functools.partial(_native_mm, _typed(loaded.lib)[0])}
+    return native.bind_calls(source, _CALL, NAME, NATIVE_SOURCE,
+                             lambda lib: functools.partial(_native_mm, _typed(lib)[0]))

@@ -5,8 +5,9 @@ parameters whose outputs forward takes as extra inputs, and one `superkernel_N` 
 region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
 and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
 longer needs them). When it is built, fused-op calls are bound to their Python implementations and ATen
-calls to their C++ callables (direct_calls), and aten.mm calls to the native streaming product for
-decode-sized operands (skinny_mm).
+calls to their C++ callables (direct_calls); before that, the ATen calls a native kernel takes where it applies
+are bound to it: aten.mm for decode-sized operands (skinny_mm), depthwise 1-D convolutions (depthwise_conv1d)
+and CPU flash attention with small head dims (dense_attention).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls
-from npu_graph.kernels import skinny_mm
+from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
 from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.superkernel import bind_regions
 
@@ -45,10 +46,11 @@ class CompiledGraph:
         self.attributes = attributes
         self.globals_ = globals_
         self.param_indices = param_indices
-        runnable, direct = bind_direct_calls(source)
-        runnable, products = skinny_mm.bind(runnable)
-        runnable, aten = bind_aten_calls(runnable)
-        namespace = {**globals_, **direct, **products, **aten}
+        runnable, namespace = bind_direct_calls(source)
+        for bind in (skinny_mm.bind, depthwise_conv1d.bind, dense_attention.bind, bind_aten_calls):
+            runnable, names = bind(runnable)
+            namespace.update(names)
+        namespace = {**globals_, **namespace}
         exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
