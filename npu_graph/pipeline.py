@@ -24,6 +24,7 @@ from npu_graph.passes import (
     assign_streams,
     canonicalize,
     causal_sdpa,
+    conv_channels_last,
     eliminate_common_subexpressions,
     fuse_add_rms_norm,
     fuse_attention,
@@ -44,6 +45,7 @@ from npu_graph.passes import (
 PASSES: list[ModuleType] = [
     canonicalize,
     short_depthwise_conv,
+    conv_channels_last,
     fuse_lightning_indexer,
     absorb_mla,
     fuse_sparse_attention,
