@@ -215,7 +215,8 @@ static void attend_rows(const struct attention_args *a, const struct packed *p, 
     for (int r = 0; r < ROWS; r++) st->m[r] = -INFINITY, st->l[r] = 0.0f;
     memset(st->o, 0, sizeof st->o);
     for (int64_t j0 = 0; j0 < last; j0 += BK) {
-        for (int c = 0; c < BK; c += SCORE_VECTORS * VL) score_rows(qs, a->dk, kt + j0 + c, p->sp, s + c);
+        for (int c = 0; c < BK && j0 + c < last; c += SCORE_VECTORS * VL)      /* no keys past the group's last */
+            score_rows(qs, a->dk, kt + j0 + c, p->sp, s + c);
         float corr[ROWS];
         int widest = 0;
         for (int r = 0; r < ROWS; r++) {
