@@ -9,9 +9,10 @@
  * Keys are cut into blocks of BK and queries into blocks of BQ; a job is (b, h, query block), spread over the
  * OpenMP threads, longest (causal) jobs first. Keys and values are packed once per call: k transposed per KV
  * head ([Dk][S], so that a score block is BK/VL vectors wide whatever Dk is) and v zero-padded to whole vectors
- * ([S][Dvp]). A job keeps its output rows, running max and running sum in a local buffer and for each key
- * block computes the scores (ROWS rows x BK keys in registers), the online softmax (exp over the visible prefix
- * of each row only: masked keys weigh exactly 0) and the P.V product.
+ * ([S][Dvp]). A job keeps its output rows, running max and running sum in a local buffer and, for each group
+ * of ROWS query rows and each key block, computes the scores (ROWS x SCORE_VECTORS vectors of keys at a time
+ * in registers; none past the group's last visible key), the online softmax in base 2 (exp over the visible
+ * prefix of each row only: masked keys weigh exactly 0) and the P.V product.
  *
  * Columns of v past the last column that is non-zero in any KV head take no part in the products: their
  * outputs are 0 (NaN in rows whose softmax is NaN, as sum p * 0 would give). fuse_attention zero-pads v to q's
