@@ -68,7 +68,7 @@ def dynamic_block_quant(x: Tensor, *, block_size: int = 128, scale_fmt: str = "f
     _check_quant(x, block_size, scale_fmt)
     xb = x.contiguous().view(-1, block_size)
     y = torch.empty(xb.shape, dtype=FP8)
-    scale = torch.empty(xb.shape[0], 1)
+    scale = torch.empty(xb.shape[0], 1, dtype=torch.float32)
     for start, stop in chunk_bounds(xb.shape[0], block_size):
         _quant_run(xb[start:stop], y[start:stop], scale[start:stop], scale_fmt == "ue8m0")
     return y.view(x.shape), scale.view(_scale_shape(x.shape, block_size))

@@ -91,7 +91,8 @@ def reference_chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     scale = dk ** -0.5 if scale is None else scale
     out_dtype = v.dtype
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    state = torch.zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.float().clone()
+    state = (torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float32) if initial_state is None
+             else initial_state.float().clone())
     outs = []
     for t in range(t_len):
         state = state * g[:, t].exp().unsqueeze(-1)                          # Diag(exp g_t) S
@@ -248,7 +249,7 @@ def _recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     beta [B,T,H], state [B*H, K, V] (updated in place). Returns o [B,T,H,V] fp32 and the state."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
-    steps = torch.empty(t_len, b * h, 1, dv)
+    steps = torch.empty(t_len, b * h, 1, dv, dtype=torch.float32)
     for t in range(t_len):
         k_t = k[:, t].float().reshape(b * h, 1, dk)
         state.mul_(g[:, t].float().exp().reshape(b * h, dk, 1))
@@ -329,7 +330,7 @@ def kda_transition(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torc
     intra = _intra(kc, vc, gc, bc, None)
     s_zero, _, _ = _scan(intra, kc.new_zeros(b * h, dk, v.shape[-1]))
     per_chunk = torch.diag_embed(intra.decay.squeeze(-1)) - torch.matmul(intra.k_tail, intra.w_k)  # [N,BH,K,K]
-    a = torch.eye(dk).expand(b * h, dk, dk)
+    a = torch.eye(dk, dtype=torch.float32).expand(b * h, dk, dk)
     for step in per_chunk:
         a = torch.bmm(step, a)
     return a.reshape(b, h, dk, dk).contiguous(), s_zero.view(b, h, dk, v.shape[-1])

@@ -302,7 +302,7 @@ def _pad_topk(scores: Tensor, positions: Tensor, k: int) -> tuple[Tensor, Tensor
     fewer than k entries are finite (masked keys carry -inf)."""
     rows, n = scores.shape
     indices = torch.full((rows, k), -1, dtype=torch.int32)
-    values = torch.full((rows, k), float("-inf"))
+    values = torch.full((rows, k), float("-inf"), dtype=torch.float32)
     top, where = scores.topk(min(k, n), dim=-1)
     chosen = positions.expand(rows, n).gather(1, where)
     values[:, :top.shape[1]] = top
@@ -325,7 +325,7 @@ def reference_lightning_indexer(query: Tensor, key: Tensor, weights: Tensor,
     keys = dequantize(key, key_scale)[:, :, 0]
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
-    values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
+    values = torch.full((batch, s1, 1, sparse_count), float("-inf"), dtype=torch.float32)
     for b in range(batch):
         if block_table is None:
             kb = keys[b]
@@ -367,7 +367,7 @@ def _streamed_topk(keys: KeyReader, b: int, q_rows: Tensor, w_rows: Tensor, limi
     masked to -inf, merged into a running top-k."""
     rows, n1 = q_rows.shape[:2]
     limit = torch.tensor(limits).unsqueeze(1)
-    best, best_pos = torch.empty(rows, 0), torch.empty(rows, 0, dtype=torch.long)
+    best, best_pos = torch.empty(rows, 0, dtype=torch.float32), torch.empty(rows, 0, dtype=torch.long)
     chunk = max(KEY_CHUNK, SCORE_BUDGET // (rows * n1))
     for start in range(0, max(limits), chunk):
         end = min(start + chunk, max(limits))
@@ -459,7 +459,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
         lightning_indexer_native.row_topk(query, key, block_table, sparse_count)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
-    values = torch.full((batch, s1, 1, sparse_count), float("-inf"))
+    values = torch.full((batch, s1, 1, sparse_count), float("-inf"), dtype=torch.float32)
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
         for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter,

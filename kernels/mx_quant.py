@@ -144,7 +144,7 @@ def fp8_as_float16(codes: Tensor) -> tuple[Tensor, int]:
 def decode_fp8_scaled(codes: Tensor, factor: Tensor, out: Tensor) -> None:
     """out[...] = codes (fp8) * factor (fp32, broadcast), rounded as `(codes.float() * factor).to(out.dtype)`."""
     half, shift = fp8_as_float16(codes)
-    value = out if out.dtype == torch.float32 else torch.empty(out.shape)
+    value = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32)
     value.copy_(half)
     if shift:
         low, high = torch.aminmax(value)

@@ -195,9 +195,9 @@ def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, 
     _check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
-    out = torch.zeros(query.shape)
-    softmax_max = torch.full(query.shape[:3], float("-inf"))
-    softmax_sum = torch.zeros(query.shape[:3])
+    out = torch.zeros(query.shape, dtype=torch.float32)
+    softmax_max = torch.full(query.shape[:3], float("-inf"), dtype=torch.float32)
+    softmax_sum = torch.zeros(query.shape[:3], dtype=torch.float32)
     for b in range(query.shape[0]):
         k = _dense_rows(key, key_scale, block_table, b, lkv[b])
         v = _dense_rows(value, value_scale, block_table, b, lkv[b])
@@ -338,7 +338,7 @@ def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: i
     q_rope = None if query_rope is None else query_rope[b, :lq].float().contiguous()
     bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
     direct = out.dtype == torch.float32        # the kernel writes fp32: into the output itself
-    target = out[b] if direct else torch.empty(q.shape)
+    target = out[b] if direct else torch.empty(q.shape, dtype=torch.float32)
     kv, kv_stride = _rows_base(key, b, paged)
     v, v_stride = _rows_base(None if _same_tensor(key, value) else value, b, paged)
     rope, rope_stride = _rows_base(key_rope, b, paged)
@@ -378,8 +378,9 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     _check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
-    outs = (torch.zeros(query.shape, dtype=query.dtype), torch.full(query.shape[:3], float("-inf")),
-            torch.zeros(query.shape[:3]))
+    outs = (torch.zeros(query.shape, dtype=query.dtype),
+            torch.full(query.shape[:3], float("-inf"), dtype=torch.float32),
+            torch.zeros(query.shape[:3], dtype=torch.float32))
     indices = sparse_indices.long().contiguous()
     kernel = _native_kernel(key, value, key_rope, block_table)
     table = None if block_table is None else block_table.long().contiguous()

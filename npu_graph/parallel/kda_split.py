@@ -45,8 +45,8 @@ def run_slice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     batch, seq, heads, dim_k = k.shape
     dim_v = v.shape[-1]
     values = torch.cat((v.float(), v.new_zeros(batch, seq, heads, dim_k, dtype=torch.float32)), dim=-1)
-    state = torch.cat((torch.zeros(batch, heads, dim_k, dim_v, device=k.device),
-                       torch.eye(dim_k, device=k.device).expand(batch, heads, dim_k, dim_k)), dim=-1)
+    identity = torch.eye(dim_k, dtype=torch.float32, device=k.device).expand(batch, heads, dim_k, dim_k)
+    state = torch.cat((torch.zeros(batch, heads, dim_k, dim_v, dtype=torch.float32, device=k.device), identity), dim=-1)
     o, final = torch.ops.ascend_dsa.chunk_kda(q, k, values, g, beta, scale, state, output_final_state=True,
                                               chunk_size=chunk_size)
     o_zero, q_eff = o.split([dim_v, dim_k], dim=-1)
@@ -80,7 +80,7 @@ def kda_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """
     batch, _, heads, dim_k = k.shape
     dim_v = v.shape[-1]
-    start = torch.zeros(batch, heads, dim_k, dim_v, device=k.device) if initial_state is None \
+    start = torch.zeros(batch, heads, dim_k, dim_v, dtype=torch.float32, device=k.device) if initial_state is None \
         else initial_state.float()
     if tuple(start.shape) != (batch, heads, dim_k, dim_v):
         raise ValueError(f"kda_split: initial_state has shape {tuple(start.shape)}, expected [B,H,K,V] = "
