@@ -163,7 +163,7 @@ def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: 
     n, b, t, d = blocks.shape
     q = queries.to(torch.float32).contiguous()                          # [S, D]; the kernel folds the norm weight in
     w = None if norm_weight is None else norm_weight.to(torch.float32).contiguous()
-    out = torch.empty(q.shape[0], b, t, d, dtype=dtype)
+    out = torch.empty(q.shape[0], b, t, d, dtype=dtype, device="cpu")
     status = fn(blocks.data_ptr(), None if partial is None else partial.data_ptr(), native.DTYPE_CODES[dtype], n, b * t,
                 d, q.data_ptr(), None if w is None else w.data_ptr(), q.shape[0], eps, out.data_ptr())
     return out if status == 0 else None

@@ -54,7 +54,7 @@ def _native_lengths(mask: Tensor, additive: bool) -> Tensor | None:
     loaded = native.load(NATIVE_SOURCE) if kind is not None and mask.is_cpu else None
     if not loaded:
         return None
-    lengths_k = torch.empty(mask.shape[0], dtype=torch.int32)
+    lengths_k = torch.empty(mask.shape[0], dtype=torch.int32, device="cpu")
     status = _typed(loaded.lib)(mask.data_ptr(), kind, *mask.shape, *mask.stride(), lengths_k.data_ptr())
     if status == 2:
         raise FusedPreconditionError(_NOT_ADDITIVE)

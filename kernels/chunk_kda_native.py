@@ -47,7 +47,7 @@ def recurrence(fn: ctypes._CFuncPtr, q: Tensor, k: Tensor, v: Tensor, exp_g: Ten
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
     q, k, exp_g, v, beta = (_fp32(x) for x in (q, k, exp_g, v, beta))
-    o = torch.empty(b, t_len, h, dv, dtype=torch.float32)
+    o = torch.empty(b, t_len, h, dv, dtype=torch.float32, device="cpu")
     if fn(q.data_ptr(), k.data_ptr(), exp_g.data_ptr(), v.data_ptr(), beta.data_ptr(), scale, b, t_len, h, dk, dv,
           state.data_ptr(), o.data_ptr()):
         raise MemoryError(f"chunk_kda: the native kernel could not allocate its state tiles; set "

@@ -68,7 +68,7 @@ def _native(kernel: Callable[..., int], q: Tensor, k: Tensor, v: Tensor, is_caus
             scale: float | None) -> tuple[Tensor, Tensor] | None:
     batch, hq, lq, dk = q.shape
     out = torch.empty_like(q)
-    lse = torch.empty(batch, lq, hq, dtype=_F32).transpose(1, 2)
+    lse = torch.empty(batch, lq, hq, dtype=_F32, device="cpu").transpose(1, 2)
     args = _Args(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
                  batch, hq, k.shape[1], lq, k.shape[2], dk, v.shape[3],
                  *(_Strides(*x.stride()[:3]) for x in (q, k, v, out, lse)),

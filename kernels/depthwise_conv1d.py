@@ -86,7 +86,7 @@ def _output(x: Tensor, w: Tensor, steps: int) -> Tensor:
     channels_last = (_strides_like_channels_last((batch, channels, 1, length), (sxb, sxc, length * sxt, sxt))
                      or _strides_like_channels_last((channels, 1, 1, w.shape[2]), (swc, sw1, w.shape[2] * swk, swk)))
     strides = (channels * steps, 1, channels) if channels_last else (channels * steps, steps, 1)
-    return torch.empty_strided((batch, channels, steps), strides, dtype=_F32)
+    return torch.empty_strided((batch, channels, steps), strides, dtype=_F32, device="cpu")
 
 
 def _native_conv(kernel: Callable[..., None], x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int],

@@ -83,7 +83,7 @@ def _fused_moe_one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     (by expert id), skipping the dispatch bookkeeping that costs as much as the GEMVs here."""
     ids = topk_ids[0].tolist()
     weights = topk_weights[0].float()
-    out = torch.zeros(x.shape, dtype=torch.float32)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for j in sorted(range(len(ids)), key=ids.__getitem__):
         out.add_(_swiglu_expert(x, w13[ids[j]], w2[ids[j]]) * weights[j])
     return out.to(x.dtype)
@@ -98,14 +98,14 @@ def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     token_of = order // top_k
     tokens = x.index_select(0, token_of)                               # grouped by expert
     scale = topk_weights.reshape(-1).float().index_select(0, order).unsqueeze(-1)
-    rows = torch.empty(tokens.shape, dtype=torch.float32)
+    rows = torch.empty(tokens.shape, dtype=torch.float32, device=x.device)
     start = 0
     for e, n in enumerate(counts):
         if n:
             part = slice(start, start + n)
             torch.mul(_swiglu_expert(tokens[part], w13[e], w2[e]), scale[part], out=rows[part])
             start += n
-    out = torch.zeros(x.shape, dtype=torch.float32)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     return out.index_add_(0, token_of, rows).to(x.dtype)
 
 

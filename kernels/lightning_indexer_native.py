@@ -73,7 +73,7 @@ def _scorer(fn: ctypes._CFuncPtr, bf16_dot: bool, key: Tensor, block_table: Tens
     def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
         heads, dim = q_row.shape
         q, w = q_row.float().contiguous(), w_row.float().contiguous()
-        out = torch.empty(limit, dtype=torch.float32)
+        out = torch.empty(limit, dtype=torch.float32, device="cpu")
         if table is None:
             where = (key[b].data_ptr(), 0, None, 1)
         else:
@@ -105,7 +105,8 @@ def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
 def select_topk(select: ctypes._CFuncPtr, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest of scores [n] (fp32, contiguous) by the native radix select: (positions [1, k] int32,
     values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding when n < k."""
-    indices, values = torch.empty(1, k, dtype=torch.int32), torch.empty(1, k, dtype=torch.float32)
+    indices = torch.empty(1, k, dtype=torch.int32, device="cpu")
+    values = torch.empty(1, k, dtype=torch.float32, device="cpu")
     if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()):
         raise _out_of_memory(f"top {k} of {scores.numel()} keys")
     return indices, values

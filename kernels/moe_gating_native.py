@@ -41,7 +41,8 @@ def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count:
         return None
     rows = norm.shape[0]
     bias = None if bias is None else bias.to(torch.float32).contiguous()
-    y, idx = torch.empty(rows, k, dtype=torch.float32), torch.empty(rows, k, dtype=torch.int32)
+    y = torch.empty(rows, k, dtype=torch.float32, device="cpu")
+    idx = torch.empty(rows, k, dtype=torch.int32, device="cpu")
     status = _typed(loaded.lib)(norm.data_ptr(), None if bias is None else bias.data_ptr(), rows, norm.shape[1], k,
                                 k_group, group_count, group_select_mode, int(renorm), eps, scale, y.data_ptr(),
                                 idx.data_ptr())

@@ -88,7 +88,7 @@ def _native_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, 
         return None
     n = gamma.numel()
     g = gamma.float().reshape(n).contiguous()
-    y, rstd = torch.empty_like(x), torch.empty(x.numel() // n if n else 0, dtype=torch.float32)
+    y, rstd = torch.empty_like(x), torch.empty(x.numel() // n if n else 0, dtype=torch.float32, device="cpu")
     fn(x.data_ptr(), native.DTYPE_CODES[x.dtype], rstd.numel(), n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
     return y, rstd.view(_rstd_shape(x.shape, gamma.dim()))
 
@@ -113,7 +113,7 @@ def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Te
     rows = x.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
     y = torch.empty_like(rows)
-    rstd = torch.empty(rows.shape[0], 1, dtype=torch.float32)
+    rstd = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
     for start, stop in _row_blocks(rows.shape[0], n):
         _norm_rows(rows[start:stop], gf, epsilon, y[start:stop], rstd[start:stop])
     return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
@@ -159,7 +159,7 @@ def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -
     a, b = x1.contiguous().view(-1, n), x2.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
     x, y = torch.empty_like(a), torch.empty_like(a)
-    rstd = torch.empty(a.shape[0], 1, dtype=torch.float32)
+    rstd = torch.empty(a.shape[0], 1, dtype=torch.float32, device=a.device)
     for start, stop in _row_blocks(a.shape[0], n):
         rows = torch.add(a[start:stop], b[start:stop], out=x[start:stop])
         _norm_rows(rows, gf, epsilon, y[start:stop], rstd[start:stop])

@@ -57,7 +57,7 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     """x @ w through the native kernel where it applies, else aten.mm."""
     if _takes(x, w):
         rows, inner = x.shape
-        y = torch.empty(rows, w.shape[1], dtype=_F32)
+        y = torch.empty(rows, w.shape[1], dtype=_F32, device="cpu")
         if kernel(x.data_ptr(), rows, inner, x.stride(0), w.data_ptr(), w.stride(0), w.shape[1], y.data_ptr()) == 0:
             return y
     return _aten_mm(x, w)
@@ -76,7 +76,7 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     if _takes(x, w):
         loaded = native.load(NATIVE_SOURCE)
         if loaded:
-            y = torch.empty(x.shape[0], w.shape[0], dtype=_F32)
+            y = torch.empty(x.shape[0], w.shape[0], dtype=_F32, device="cpu")
             _typed(loaded.lib)[1](x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(), w.stride(0),
                                   w.shape[0], y.data_ptr())
             return y

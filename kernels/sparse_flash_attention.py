@@ -338,7 +338,7 @@ def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: i
     q_rope = None if query_rope is None else query_rope[b, :lq].float().contiguous()
     bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
     direct = out.dtype == torch.float32        # the kernel writes fp32: into the output itself
-    target = out[b] if direct else torch.empty(q.shape, dtype=torch.float32)
+    target = out[b] if direct else torch.empty(q.shape, dtype=torch.float32, device="cpu")
     kv, kv_stride = _rows_base(key, b, paged)
     v, v_stride = _rows_base(None if _same_tensor(key, value) else value, b, paged)
     rope, rope_stride = _rows_base(key_rope, b, paged)
@@ -378,9 +378,9 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     _check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
-    outs = (torch.zeros(query.shape, dtype=query.dtype),
-            torch.full(query.shape[:3], float("-inf"), dtype=torch.float32),
-            torch.zeros(query.shape[:3], dtype=torch.float32))
+    outs = (torch.zeros(query.shape, dtype=query.dtype, device=query.device),
+            torch.full(query.shape[:3], float("-inf"), dtype=torch.float32, device=query.device),
+            torch.zeros(query.shape[:3], dtype=torch.float32, device=query.device))
     indices = sparse_indices.long().contiguous()
     kernel = _native_kernel(key, value, key_rope, block_table)
     table = None if block_table is None else block_table.long().contiguous()

@@ -1,6 +1,8 @@
-"""The ops and native paths give the same fp32 results whatever torch's default dtype is: their fp32 buffers are
-allocated as fp32, not in the default dtype (a native kernel writing fp32 into a float64 buffer would be
-silently wrong)."""
+"""The ops and native paths give the same results whatever torch's default dtype and device are: their buffers
+are allocated as fp32 on the CPU, not in the defaults (a native kernel writing fp32 into a float64 buffer is
+silently wrong; one writing through a meta or accelerator tensor's pointer crashes)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ ops = torch.ops.ascend_dsa
 
 
 def random(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32, device="cpu")
 
 
 CALLS = {
@@ -29,14 +31,14 @@ CALLS = {
                                                        random(1, 1, 8, seed=2), sparse_count=16),
     "sparse_flash_attention": lambda: ops.sparse_flash_attention(
         random(1, 1, 4, 32), random(1, 64, 1, 32, seed=1), random(1, 64, 1, 32, seed=1),
-        torch.randperm(64, generator=torch.Generator().manual_seed(5))[:16].view(1, 1, 1, 16).to(torch.int32),
+        torch.randperm(64, generator=torch.Generator().manual_seed(5), device="cpu")[:16].view(1, 1, 1, 16).int(),
         0.2),
     "dynamic_block_quant": lambda: ops.dynamic_block_quant(random(4, 256)),
     "dynamic_mx_quant": lambda: ops.dynamic_mx_quant(random(4, 64)),
     "moe_gating_top_k": lambda: ops.moe_gating_top_k(random(3, 16), 4, random(16, seed=1), k_group=2,
                                                      group_count=4, renorm=0, norm_type=1),
     "fused_moe": lambda: ops.fused_moe(random(2, 32), random(4, 16, 32, seed=1), random(4, 32, 8, seed=2),
-                                       random(2, 2, seed=3).softmax(-1), torch.tensor([[0, 3], [1, 2]])),
+                                       random(2, 2, seed=3).softmax(-1), torch.tensor([[0, 3], [1, 2]], device="cpu")),
     "attn_res": lambda: ops.attn_res(random(3, 1, 2, 32), random(1, 2, 32, seed=1), random(2, 32, seed=2),
                                      random(32, seed=3)),
     "rotary_mul": lambda: ops.rotary_mul(random(1, 1, 2, 16), random(1, 1, 1, 16, seed=1),
@@ -48,16 +50,26 @@ def flat(result):
     return [result] if isinstance(result, torch.Tensor) else [t for r in result for t in flat(r)]
 
 
-@pytest.mark.parametrize("name", list(CALLS))
-def test_same_results_under_a_float64_default(name):
-    expected = flat(CALLS[name]())
+@contextlib.contextmanager
+def float64_default():
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        got = flat(CALLS[name]())
+        yield
     finally:
         torch.set_default_dtype(previous)
-    assert [t.dtype for t in got] == [t.dtype for t in expected]
+
+
+DEFAULTS = {"float64 dtype": float64_default, "meta device": lambda: torch.device("meta")}
+
+
+@pytest.mark.parametrize("default", list(DEFAULTS))
+@pytest.mark.parametrize("name", list(CALLS))
+def test_same_results_under_other_defaults(name, default):
+    expected = flat(CALLS[name]())
+    with DEFAULTS[default]():
+        got = flat(CALLS[name]())
+    assert [(t.dtype, t.device) for t in got] == [(t.dtype, t.device) for t in expected]
     for g, e in zip(got, expected, strict=True):
         assert torch.equal(g.float(), e.float()) or torch.allclose(g.float(), e.float(), rtol=1e-6, atol=1e-6,
                                                                     equal_nan=True)
