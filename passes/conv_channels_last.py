@@ -10,14 +10,16 @@ convolution that view of its weight (`as_strided`, hoisted with the parameters) 
 fake values; the model's transpose back then yields a contiguous [B, T, C] (tiny Kimi Linear prefill of 2048
 tokens: see the README's results).
 
-CPU target only, inference graphs; convolutions with one output step (decode: short_depthwise_conv's) and
-inputs that are not channels-last are left alone. When the new layout does not propagate (a view downstream
-that only the old strides allow), the graph is restored and the convolution reported as a near miss.
+CPU target only, inference graphs, static or symbolic lengths; convolutions with one output step (decode:
+short_depthwise_conv's) and inputs that are not channels-last are left alone. When the new layout does not
+propagate (a view downstream that only the old strides allow), the graph is restored and the convolution
+reported as a near miss.
 """
 from __future__ import annotations
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.fusion_graph import refresh_meta
@@ -36,10 +38,10 @@ def _candidate(node: torch.fx.Node) -> bool:
     x, weight, out = val(node.args[0]), val(node.args[1]), val(node)
     if x is None or weight is None or out is None or x.dim() != 3 or node.args[6]:
         return False
-    channels, taps = weight.shape[0], weight.shape[-1]
+    channels = weight.shape[0]
     return (node.args[8] == channels and tuple(weight.shape[1:2]) == (1,) and x.shape[1] == channels
-            and x.stride(1) == 1 and channels > 1 and isinstance(out.shape[2], int) and out.shape[2] > 1
-            and weight.is_contiguous() and isinstance(taps, int) and out.stride(1) != 1)
+            and statically_known_true(x.stride(1) == 1) and channels > 1 and weight.is_contiguous()
+            and statically_known_true(out.shape[2] > 1) and not statically_known_true(out.stride(1) == 1))
 
 
 def _output_strides(gm: torch.fx.GraphModule) -> list[str]:

@@ -42,6 +42,16 @@ def test_transposed_input_gets_channels_last_output(watch_pass, batch, steps, ch
     torch.testing.assert_close(run.out, run.ref, rtol=1e-5, atol=1e-5)
 
 
+def test_symbolic_lengths(watch_pass):
+    weight, proj = torch.randn(32, 1, 4), torch.randn(24, 32)
+    block = short_conv_block(weight, proj)
+    x = torch.randn(1, 50, 24)
+    torch._dynamo.mark_dynamic(x, 1)        # the sequence length symbolic, the weights static (as parameters are)
+    run = watch_pass(conv_channels_last, block, x)
+    assert run.stats["matches"] == {conv_channels_last.PATTERN: 1}
+    torch.testing.assert_close(run.out, run.ref, rtol=1e-5, atol=1e-5)
+
+
 def test_graph_gives_channels_last_conv_and_contiguous_rows():
     """Run on a traced graph directly: the conv's fake value is channels-last and the transposed-back rows
     are contiguous."""
