@@ -1,5 +1,6 @@
 """A `path` fixture for ops with a native kernel: the test runs once through the native kernel (skipped where it
-cannot be built) and once through the torch path (ASCEND_DSA_NATIVE=0)."""
+cannot be built) and once through the torch path (ASCEND_DSA_NATIVE=0); `refuse`, which makes a path raise so a
+test shows that the other one did the work."""
 import pytest
 
 from npu_graph.kernels import native
@@ -18,3 +19,11 @@ def native_and_torch(source: str):
         return request.param
 
     return path
+
+
+def refuse(monkeypatch, owner: object, *names: str, said: str) -> None:
+    """Replace `owner.<name>` for each name with a function that raises AssertionError(said)."""
+    def raising(*args, **kwargs):
+        raise AssertionError(said)
+    for name in names:
+        monkeypatch.setattr(owner, name, raising)

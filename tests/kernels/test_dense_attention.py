@@ -4,6 +4,7 @@ layouts, v zero-padded past its real head dim, NaN inputs), torch's output layou
 kernel, and the runtime binding of the generated source's flash calls."""
 import pytest
 import torch
+from native_paths import refuse
 
 from npu_graph.kernels import dense_attention, native
 
@@ -24,9 +25,7 @@ def reference(q, k, v, causal, scale):
 
 
 def no_torch_fallback(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("fell back to torch's kernel")
-    monkeypatch.setattr(dense_attention, "_aten_flash", refuse)
+    refuse(monkeypatch, dense_attention, "_aten_flash", said="fell back to torch's kernel")
 
 
 def random_qkv(shape_q, shape_kv, seed, dv=None):

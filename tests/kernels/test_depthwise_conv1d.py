@@ -4,6 +4,7 @@ and layouts (contiguous, channels-last, strided views); every other convolution,
 ASCEND_DSA_NATIVE=0, goes to aten unchanged; the runtime binds the generated source's aten.convolution calls."""
 import pytest
 import torch
+from native_paths import refuse
 
 from npu_graph.kernels import depthwise_conv1d, native
 from npu_graph.runtime import CompiledGraph
@@ -33,16 +34,14 @@ def check_against_aten(x, w, bias, padding):
 
 def refuse_aten(monkeypatch):
     """Make the aten fallback raise, so a test shows that the native kernel did the work."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("fell back to aten")
-    monkeypatch.setattr(depthwise_conv1d, "_aten_conv", refuse)
+    refuse(monkeypatch, depthwise_conv1d, "_aten_conv", said="fell back to aten")
 
 
 def refuse_native(monkeypatch):
     """Make the native kernel raise, so a test shows that aten did the work."""
-    def refuse(*args, **kwargs):
+    def took_native(*args, **kwargs):
         raise AssertionError("took the native kernel")
-    monkeypatch.setattr(depthwise_conv1d, "_typed", lambda lib: refuse)
+    monkeypatch.setattr(depthwise_conv1d, "_typed", lambda lib: took_native)
 
 
 @needs_native

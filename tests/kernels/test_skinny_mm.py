@@ -4,6 +4,7 @@ everything else falls back to torch unchanged; the runtime binding of the genera
 import pytest
 import torch
 import torch.nn.functional as F
+from native_paths import refuse
 
 from npu_graph.kernels import native, skinny_mm
 
@@ -21,10 +22,8 @@ def assert_within_fp32_summation_bound(out, x, w):
 
 def no_torch_fallback(monkeypatch):
     """Make the torch fallbacks raise, so a test shows that the native kernel did the work."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("fell back to torch")
-    monkeypatch.setattr(skinny_mm, "_aten_mm", refuse)
-    monkeypatch.setattr(skinny_mm.F, "linear", refuse)
+    refuse(monkeypatch, skinny_mm, "_aten_mm", said="fell back to torch")
+    refuse(monkeypatch, skinny_mm.F, "linear", said="fell back to torch")
 
 
 @needs_native
