@@ -7,6 +7,7 @@
 - cp_dsa.py: prefill of the reference model's DSA layer under CP×TP.
 - kda_split.py: KDA over contiguous slices, exact output correction from one all-gather of transitions.
 - launch.py: spawn a run of ranks with a timeout; a failing or dying rank fails it with a clear error.
+- rank_process.py: one launched rank: its process in a session of its own (killed with all it started).
 """
 from npu_graph.parallel.cp_attention import cp_sparse_attention
 from npu_graph.parallel.cp_dsa import cp_dsa_prefill

@@ -6,31 +6,37 @@ private temporary folder (no port to race for), calls `fn(*args)` in each and re
 order. Results travel back as `torch.save` bytes, so they may hold tensors.
 
 No hang: the parent never waits without a deadline. It fails with `DistributedLaunchError` naming the rank
-as soon as one raises (its traceback included) or exits without reporting (a crash, `os._exit`, a kill), and
-after `timeout_s` seconds in all, counting start-up; the survivors, typically blocked in a collective that
-waits for the dead rank, are then terminated. The same `timeout_s` is the process group's own collective
-timeout, so a rank left alone also gives up by itself.
+as soon as one raises (its traceback included) or ends without reporting a result (`os._exit`, even with
+status 0, a crash, a kill), and after `timeout_s` seconds in all, counting start-up. A survivor's collective
+often fails first, on the connection the dead rank dropped: the dead rank is then named as the cause.
+The same `timeout_s` is the process group's own collective timeout, so a rank left alone also gives up.
+
+No process left behind: each rank leads a session of its own (rank_process.py), and when the run ends,
+however it ends, every rank is killed together with its process group: the processes it started, unless
+one moved itself to a group of its own (`start_new_session=True`, `os.setsid`).
+A function or argument that cannot be pickled is refused before any rank starts.
 """
 from __future__ import annotations
 
 import io
 import multiprocessing as mp
 import os
-import queue as queue_module
 import shutil
+import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
+from multiprocessing import connection
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-_POLL_S = 0.1          # how often the parent checks for dead ranks while waiting for results
-_JOIN_S = 5.0          # grace period for a terminated rank before it is killed
-_GRACE_S = 0.5         # after a rank's exception, time for a peer's death (its likely cause) to show
+from npu_graph.parallel.rank_process import RankProcess, RunSpec
+
+# Longest wait between checks. A rank's exit is also polled for because a process it forked may hold its
+# exit sentinel and report pipe open after it died.
+_POLL_S = 0.1
+_GRACE_S = 0.5     # after a rank's exception, time for a peer's death (its likely cause) to show
 
 
 class DistributedLaunchError(RuntimeError):
@@ -43,100 +49,101 @@ def default_backend() -> str:
     return "hccl" if npu is not None and npu.is_available() else "gloo"
 
 
-def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, init_method: str, backend: str,
-            timeout_s: float, results: Any) -> None:
-    try:
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
-        buffer = io.BytesIO()
-        torch.save(fn(*args), buffer)
-        results.put((rank, True, buffer.getvalue()))
-    except BaseException:
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _check_importable(fn: Callable[..., Any]) -> None:
+    """A function of a __main__ without a file pickles, but no spawned process can import it back."""
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(sys.modules["__main__"], "__file__", None):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(f"launch: {name} is defined in an interactive __main__ (no file), which the ranks, "
+                         f"fresh 'spawn' processes, cannot import: define fn in a module file and import it")
 
 
-def _dead_rank(processes: list[Any], pending: set[int]) -> tuple[int, int] | None:
-    """(rank, exit code) of a rank that exited abnormally before reporting, if any."""
-    for rank in sorted(pending):
-        code = processes[rank].exitcode
-        if code not in (None, 0):
-            return rank, code
-    return None
+def _wait_any_exit(ranks: list[RankProcess], seconds: float) -> None:
+    """Wait up to `seconds` until one of `ranks` has exited."""
+    deadline = time.monotonic() + seconds
+    while ranks and not any(rank.exited() for rank in ranks):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        connection.wait([rank.process.sentinel for rank in ranks], min(left, _POLL_S))
 
 
-def _raise_failure(processes: list[Any], pending: set[int], rank: int, trace: str) -> None:
-    """Report a rank's exception; when a peer died meanwhile, that death is the cause (a survivor's
-    collective often fails first, on the lost connection)."""
-    time.sleep(_GRACE_S)
-    dead = _dead_rank(processes, pending - {rank})
-    if dead is not None:
-        raise DistributedLaunchError(f"rank {dead[0]} died (exit code {dead[1]}) before reporting a result; "
-                                     f"rank {rank} then failed and the other ranks were stopped:\n{trace}")
-    raise DistributedLaunchError(f"rank {rank} raised an exception; the other ranks were stopped:\n{trace}")
+def _first_failed(ranks: list[RankProcess]) -> RankProcess | None:
+    """The rank that raised first (reports from several ranks can arrive together)."""
+    failed = [rank for rank in ranks if rank.failure is not None]
+    return min(failed, key=lambda rank: rank.report.at) if failed else None
 
 
-def _collect(processes: list[Any], results: Any, timeout_s: float) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    collected: dict[int, Any] = {}
-    pending = set(range(len(processes)))
-    while pending:
+def _death_error(dead: RankProcess, ranks: list[RankProcess]) -> DistributedLaunchError:
+    text = f"{dead.death()}; the other ranks were stopped"
+    failed = _first_failed(ranks)
+    if failed is not None:
+        text += f"\nrank {failed.index} then failed:\n{failed.failure}"
+    return DistributedLaunchError(text)
+
+
+def _failure_error(failed: RankProcess, ranks: list[RankProcess]) -> DistributedLaunchError:
+    """A rank's exception, unless a peer died meanwhile: that death is then the likely cause."""
+    others = [rank for rank in ranks if rank.report is None]
+    _wait_any_exit(others, _GRACE_S)
+    dead = [rank for rank in others if rank.died()]
+    if dead:
+        return _death_error(dead[0], ranks)
+    return DistributedLaunchError(f"rank {failed.index} raised an exception; the other ranks were stopped:\n"
+                                  f"{failed.failure}")
+
+
+def _timeout_error(waiting: list[RankProcess], timeout_s: float) -> DistributedLaunchError:
+    text = (f"distributed run timed out after {timeout_s:g} s: ranks {[rank.index for rank in waiting]} "
+            f"did not finish")
+    starting = [rank.index for rank in waiting if not rank.started]
+    if starting:
+        text += f" (ranks {starting} were still starting up)"
+    return DistributedLaunchError(text + "; raise timeout_s if the work needs longer")
+
+
+def _collect(ranks: list[RankProcess], deadline: float, timeout_s: float) -> list[Any]:
+    while waiting := [rank for rank in ranks if rank.report is None]:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise DistributedLaunchError(f"distributed run timed out after {timeout_s:g} s: ranks {sorted(pending)} "
-                                         f"did not finish; raise timeout_s if the work needs longer")
-        try:
-            rank, ok, payload = results.get(timeout=min(_POLL_S, remaining))
-        except queue_module.Empty:
-            dead = _dead_rank(processes, pending)
-            if dead is not None:
-                raise DistributedLaunchError(f"rank {dead[0]} died (exit code {dead[1]}) before reporting a "
-                                             f"result; the other ranks were stopped") from None
-            continue
-        if not ok:
-            _raise_failure(processes, pending, rank, payload)
-        collected[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-        pending.discard(rank)
-    return [collected[rank] for rank in range(len(processes))]
-
-
-def _stop(processes: list[Any]) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(_JOIN_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
+            raise _timeout_error(waiting, timeout_s)
+        connection.wait([rank.reader for rank in waiting] + [rank.process.sentinel for rank in waiting],
+                        min(remaining, _POLL_S))
+        dead = [rank for rank in waiting if rank.died()]
+        if dead:
+            raise _death_error(dead[0], ranks)
+        for rank in waiting:
+            rank.receive()
+        failed = _first_failed(waiting)
+        if failed is not None:
+            raise _failure_error(failed, ranks)
+    return [torch.load(io.BytesIO(rank.report.payload), weights_only=False) for rank in ranks]
 
 
 def launch(fn: Callable[..., Any], world_size: int, *, args: tuple = (), timeout_s: float = 120.0,
            backend: str | None = None) -> list[Any]:
     """Run `fn(*args)` on `world_size` spawned ranks of one process group; returns their results by rank.
 
-    `fn` must be importable by name (a module-level function). Inside it, `torch.distributed.get_rank()`
-    tells the rank. Raises DistributedLaunchError when a rank fails or dies, or after `timeout_s`.
+    `fn` must be importable by name (a module-level function) and `args` picklable; ValueError otherwise.
+    Inside fn, `torch.distributed.get_rank()` tells the rank. Raises DistributedLaunchError when a rank
+    fails or dies, or after `timeout_s`. When launch returns or raises, no rank is left running, nor any
+    process a rank started (unless that process moved itself to a session or process group of its own).
     """
     if world_size < 1:
         raise ValueError(f"launch: world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s}")
-    context = mp.get_context("spawn")
-    results = context.Queue()
+    _check_importable(fn)
+    deadline = time.monotonic() + timeout_s
     store_dir = tempfile.mkdtemp(prefix="ascend_dsa_launch_")
-    init_method = "file://" + os.path.join(store_dir, "store")
-    processes = [context.Process(target=_worker, daemon=True,
-                                 args=(fn, args, rank, world_size, init_method, backend or default_backend(),
-                                       timeout_s, results))
-                 for rank in range(world_size)]
+    spec = RunSpec(fn, args, world_size, "file://" + os.path.join(store_dir, "store"),
+                   backend or default_backend(), timeout_s)
+    context = mp.get_context("spawn")
+    ranks: list[RankProcess] = []
     try:
-        for process in processes:
-            process.start()
-        return _collect(processes, results, timeout_s)
+        for index in range(world_size):
+            ranks.append(RankProcess.start(context, spec, index))
+        return _collect(ranks, deadline, timeout_s)
     finally:
-        _stop(processes)
-        results.close()
+        for rank in ranks:
+            rank.kill()
         shutil.rmtree(store_dir, ignore_errors=True)
