@@ -5,9 +5,6 @@ same tensors; each rank takes its own slice.
 """
 from __future__ import annotations
 
-import os
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -113,15 +110,3 @@ def run_checks(layouts: list[tuple[int, int]]) -> dict:
     except ValueError as error:
         out["layout_error"] = str(error)
     return out
-
-
-def fail_on_rank(failing_rank: int, how: str) -> int:
-    """Rank `failing_rank` dies ("exit"), raises ("raise") or hangs ("hang"); the others wait in a barrier."""
-    if dist.get_rank() == failing_rank:
-        if how == "exit":
-            os._exit(3)
-        if how == "raise":
-            raise ValueError("rank failure injected by the test")
-        time.sleep(3600)
-    dist.barrier()
-    return dist.get_rank()
