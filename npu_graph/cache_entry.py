@@ -3,7 +3,9 @@
 The artifact is generated Python source, the names of the few module-level objects that source uses
 (rebuilt from an allowlist on load, never unpickled), tensor constants (safetensors), the FQNs of module
 parameters AOT lifted in front of the inputs, and the guards on symbolic sizes that capture and the passes
-added. No arbitrary pickles: a graph needing anything else is Uncacheable.
+added. No arbitrary pickles: a graph needing anything else is Uncacheable. `artifact_files`, `artifact_record`
+and `artifact_from` turn an artifact into an entry's files and meta.json section and back (the entry folder
+itself, its checks and its tag: npu_graph.cache_folder).
 """
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+import safetensors.torch
 import sympy
 import torch
 import torch.fx
 
 from npu_graph import streams
+from npu_graph.cache_folder import CorruptEntry
 from npu_graph.cache_key import Uncacheable
 from npu_graph.runtime import CompiledGraph
 
@@ -44,6 +48,36 @@ class Artifact:
     def load(self, name: str) -> CompiledGraph:
         globals_ = {n: SAFE_GLOBALS[n] for n in self.global_names}
         return CompiledGraph(name, self.source, globals_, dict(self.constants), tuple(self.prologue_params))
+
+
+def artifact_files(artifact: Artifact) -> dict[str, bytes]:
+    """The entry files that hold an artifact: its source, and its tensor constants when it has any."""
+    files = {"compiled.py": artifact.source.encode()}
+    if artifact.constants:
+        files["constants.safetensors"] = safetensors.torch.save(artifact.constants)
+    return files
+
+
+def artifact_record(artifact: Artifact) -> dict[str, Any]:
+    """The rest of the artifact, as meta.json stores it."""
+    return {"global_names": artifact.global_names, "param_fqns": artifact.param_fqns, "guards": artifact.guards,
+            "symbols": artifact.symbols, "prologue_params": artifact.prologue_params}
+
+
+def artifact_from(meta: dict[str, Any], files: dict[str, bytes]) -> Artifact:
+    """The artifact of a verified entry (meta.json and its files); raises CorruptEntry when they make none."""
+    try:
+        record = meta["artifact"]
+        constants = safetensors.torch.load(files["constants.safetensors"]) if "constants.safetensors" in files else {}
+        artifact = Artifact(files["compiled.py"].decode(), list(record["global_names"]), constants,
+                            record["param_fqns"], record["guards"], record["symbols"], meta.get("summary", {}),
+                            record.get("prologue_params", []))
+    except Exception as exc:  # a damaged safetensors blob raises the library's own errors
+        raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
+    unknown = [name for name in artifact.global_names if name not in SAFE_GLOBALS]
+    if unknown:
+        raise CorruptEntry(f"the entry names globals that are not on the allowlist: {unknown}")
+    return artifact
 
 
 def check_globals(globals_: dict[str, Any]) -> list[str]:

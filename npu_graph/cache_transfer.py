@@ -1,7 +1,11 @@
 """Ship a warmed compile cache to another machine: export to one .tar.gz, import with checks.
 
-Import refuses an archive made with other versions (python, torch, torch_npu, ascend-dsa), accepts only
-regular files named entries/<key>/<known file>, and installs each entry atomically after checking its hashes.
+Export packs every entry that verifies, with its tag. Import refuses an archive made with other versions
+(python, torch, torch_npu, ascend-dsa) or holding anything but regular files named entries/<key>/<entry file>
+and manifest.json, each once (absolute paths, `..`, links and device files never reach the disk). Each entry
+must then verify as the cache checks it, tag included: an entry tagged under another key (another user,
+another machine) is refused unless the caller trusts the archive (`trust`) or shares the key it was made with
+(`key_file`). Accepted entries are re-tagged under this user's key and installed atomically.
 """
 from __future__ import annotations
 
@@ -12,93 +16,138 @@ import re
 import shutil
 import tarfile
 import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from npu_graph.cache_folder import META, SCHEMA, TAG, CorruptEntry, EntryBytes, verify_entry, write_entry
 from npu_graph.cache_key import versions
-from npu_graph.disk_cache import SCHEMA, CorruptEntry, DiskCache, verified_meta
+from npu_graph.disk_cache import DiskCache
+from npu_graph.trust import KEY_BYTES, read_private_file
 
-_MEMBER = re.compile(r"entries/([0-9a-f]{64})/(meta\.json|compiled\.py|constants\.safetensors)")
+_MEMBER = re.compile(r"entries/([0-9a-f]{64})/(meta\.json|compiled\.py|constants\.safetensors|tag)")
+_ARCHIVE_ERRORS = (OSError, EOFError, tarfile.TarError, zlib.error)
 
 
 class CacheImportError(RuntimeError):
-    """The archive cannot be imported as it is (versions differ, unexpected members, ...)."""
+    """The archive cannot be imported as it is (versions differ, unexpected members, unreadable, ...)."""
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
 
 
 def export_cache(disk: DiskCache, path: str) -> dict[str, Any]:
-    """Pack every valid entry; returns what was written."""
-    keys = []
-    with tarfile.open(path, "w:gz") as tar:
-        for key in disk.entry_keys():
-            try:
-                disk.read_meta(key)
-            except CorruptEntry:
-                continue
-            folder = disk.entry_dir(key)
-            for name in sorted(os.listdir(folder)):
-                tar.add(os.path.join(folder, name), arcname=f"entries/{key}/{name}", recursive=False)
-            keys.append(key)
-        manifest = json.dumps({"schema": SCHEMA, "versions": versions(), "keys": keys}).encode()
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))
-    return {"file": path, "entries": len(keys)}
+    """Pack every entry that verifies (written to a temporary file, renamed to `path` when complete); returns
+    what was written and the entries skipped, with why."""
+    keys, skipped = [], []
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ascend-dsa-export-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
+            for key in disk.entry_keys():
+                try:
+                    _, entry = disk.read_entry(key)
+                except CorruptEntry as exc:
+                    skipped.append({"key": key, "problem": str(exc)})
+                    continue
+                for name, data in sorted(entry.files.items()):
+                    _add(tar, f"entries/{key}/{name}", data)
+                _add(tar, f"entries/{key}/{META}", entry.meta)
+                _add(tar, f"entries/{key}/{TAG}", entry.tag.encode())
+                keys.append(key)
+            _add(tar, "manifest.json", json.dumps({"schema": SCHEMA, "versions": versions(), "keys": keys}).encode())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return {"file": path, "entries": len(keys), "skipped": skipped}
 
 
-def _check_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
+def _check_manifest(tar: tarfile.TarFile) -> None:
     try:
         manifest = json.load(tar.extractfile("manifest.json"))
-    except (KeyError, ValueError, TypeError) as exc:
+        archived = dict(manifest.get("versions", {}))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise CacheImportError(f"not an ascend-dsa cache export (manifest.json: {exc})") from exc
-    here = versions()
-    differ = {k: (manifest.get("versions", {}).get(k), v) for k, v in here.items()
-              if manifest.get("versions", {}).get(k) != v}
+    differ = {k: (archived.get(k), v) for k, v in versions().items() if archived.get(k) != v}
     if manifest.get("schema") != SCHEMA or differ:
         details = ", ".join(f"{k}: archive {a} vs here {b}" for k, (a, b) in differ.items())
         raise CacheImportError(f"cache export was made with other versions ({details or manifest.get('schema')}); "
                                f"recompile on this machine instead")
-    return manifest
 
 
 def _members_by_key(tar: tarfile.TarFile) -> dict[str, list[tarfile.TarInfo]]:
     grouped: dict[str, list[tarfile.TarInfo]] = {}
+    seen = set()
     for member in tar.getmembers():
-        if member.name == "manifest.json":
+        if member.name in seen:
+            raise CacheImportError(f"member {member.name!r} appears twice in the cache export; refusing the archive")
+        seen.add(member.name)
+        if member.name == "manifest.json" and member.isfile():
             continue
         match = _MEMBER.fullmatch(member.name)
         if not match or not member.isfile():
-            raise CacheImportError(f"unexpected member {member.name!r} in cache export; refusing the archive")
+            raise CacheImportError(f"unexpected member {member.name!r} in the cache export (only regular files "
+                                   f"named entries/<key>/<entry file> are accepted); refusing the archive")
         grouped.setdefault(match.group(1), []).append(member)
     return grouped
 
 
-def import_cache(disk: DiskCache, path: str) -> dict[str, Any]:
-    """Install the archive's entries; existing entries are kept. Returns counts."""
-    with tarfile.open(path, "r:gz") as tar:
-        _check_manifest(tar)
-        grouped = _members_by_key(tar)
-        imported, skipped = [], []
-        for key, members in grouped.items():
-            if os.path.isdir(disk.entry_dir(key)):
-                skipped.append(key)
-                continue
-            _install(disk, tar, key, members)
-            imported.append(key)
-    return {"imported": len(imported), "already_present": len(skipped)}
+def _entries(tar: tarfile.TarFile, grouped: dict[str, list[tarfile.TarInfo]]) -> Iterator[tuple[str, EntryBytes]]:
+    for key, members in grouped.items():
+        data = {os.path.basename(m.name): tar.extractfile(m).read() for m in members}
+        meta, tag_bytes = data.pop(META, None), data.pop(TAG, None)
+        yield key, EntryBytes(meta, None if tag_bytes is None else tag_bytes.decode("ascii", "replace"), data)
 
 
-def _install(disk: DiskCache, tar: tarfile.TarFile, key: str, members: list[tarfile.TarInfo]) -> None:
-    tmp = tempfile.mkdtemp(prefix="import-", dir=os.path.join(disk.base, "tmp"))
+def read_key_file(path: str) -> bytes:
+    """A key shared for import (another user's or machine's cache.key): a private file of at least 32 bytes."""
     try:
-        for member in members:
-            target = os.path.join(tmp, os.path.basename(member.name))
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(tar.extractfile(member), out)
-        try:
-            verified_meta(tmp, key)
-        except CorruptEntry as exc:
-            raise CacheImportError(f"entry {key[:12]} in the archive is damaged ({exc})") from exc
-        os.rename(tmp, disk.entry_dir(key))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        key = read_private_file(Path(path))
+    except OSError as exc:
+        raise CacheImportError(f"cannot use the key {path}: {exc.strerror if exc.strerror else exc}") from exc
+    if len(key) < KEY_BYTES:
+        raise CacheImportError(f"{path} holds {len(key)} bytes; a cache key has at least {KEY_BYTES}")
+    return key
 
+
+def import_cache(disk: DiskCache, path: str, trust: bool = False, key_file: str | None = None) -> dict[str, Any]:
+    """Install the archive's entries that verify (tag under this user's key or the key in `key_file`; any tag
+    with `trust`), re-tagged under this user's key; existing entries are kept. Returns counts and the refused
+    entries with why; raises CacheImportError when the archive as a whole cannot be imported."""
+    tag_keys = None if trust else [disk.key, *([read_key_file(key_file)] if key_file else [])]
+    imported, present, refused = 0, 0, []
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            _check_manifest(tar)
+            for key, entry in _entries(tar, _members_by_key(tar)):
+                if os.path.lexists(disk.entry_dir(key)):
+                    present += 1
+                    continue
+                try:
+                    meta = verify_entry(key, entry, tag_keys)
+                except CorruptEntry as exc:
+                    refused.append({"key": key, "problem": str(exc)})
+                    continue
+                _install(disk, key, entry, meta)
+                imported += 1
+    except _ARCHIVE_ERRORS as exc:
+        raise CacheImportError(f"cannot read {path} as a cache export ({type(exc).__name__}: {exc})") from exc
+    return {"imported": imported, "already_present": present, "refused": refused}
+
+
+def _install(disk: DiskCache, key: str, entry: EntryBytes, meta: dict[str, Any]) -> None:
+    try:
+        tmp = tempfile.mkdtemp(prefix="import-", dir=os.path.join(disk.base, "tmp"))
+        try:
+            write_entry(tmp, key, entry.files, meta, disk.key)
+            os.rename(tmp, disk.entry_dir(key))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        raise CacheImportError(f"cannot write into the cache at {disk.root} ({exc.strerror or exc})") from exc

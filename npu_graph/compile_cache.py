@@ -1,10 +1,11 @@
 """The compile cache as the backend uses it: key before capture, hit -> load (no capture, passes or
-lowering), miss -> compile under the entry's lock and store; anything the cache cannot do safely is a bypass
-with a reason, never an error."""
+lowering), miss -> compile under the entry's lock and store. Anything the cache cannot do safely is a bypass
+with a reason, and a cache problem (an untrusted tree, a damaged entry, a read-only mount) never costs the
+compiled graph: it gives one warning and the graph is compiled."""
 from __future__ import annotations
 
 import contextlib
-import logging
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,10 +24,8 @@ from npu_graph.cache_entry import (
 )
 from npu_graph.cache_key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
 from npu_graph.config import CompilerConfig
-from npu_graph.disk_cache import DiskCache
+from npu_graph.disk_cache import CacheWarning, DiskCache
 from npu_graph.runtime import CompiledGraph
-
-log = logging.getLogger("npu_graph")
 
 
 def needs_autograd(example_inputs: list[Any]) -> bool:
@@ -63,6 +62,9 @@ class CompileCache:
     def __init__(self, config: CompilerConfig):
         self.config = config
         self.disk = DiskCache(config.cache.dir, config.cache.max_size) if config.cache.enabled else None
+        if self.disk is not None and self.disk.refused:
+            warnings.warn(f"ascend_dsa cache: {self.disk.refused}; compiling without the cache", CacheWarning,
+                          stacklevel=2)
 
     def bypass_reason(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
         if self.disk is None:
@@ -75,7 +77,9 @@ class CompileCache:
 
     @contextlib.contextmanager
     def lookup(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Iterator[Lookup]:
-        """Yields the decision; on a miss the entry's lock is held until the caller has stored."""
+        """Yields the decision. A hit needs no lock (entries are renamed into place whole), so a read-only cache
+        serves it; on a miss the entry's lock is held until the caller has stored, and the entry is looked up
+        again under it, in case another process stored it meanwhile."""
         reason = self.bypass_reason(gm, example_inputs)
         key = None
         if reason is None:
@@ -87,20 +91,30 @@ class CompileCache:
             self._record("bypass", reason)
             yield Lookup("bypass", reason)
             return
+        found = self._load(key, gm, example_inputs)
+        if found.decision == "hit":
+            yield found
+            return
         with self.disk.lock(key):
             yield self._load(key, gm, example_inputs)
 
     def _load(self, key: str, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Lookup:
         shape_env = _shape_env(example_inputs)
+        miss = Lookup("miss", "no entry", key, guard_count=len(shape_env.guards) if shape_env else 0)
         loaded = self.disk.load(key)
         if loaded is None:
-            return Lookup("miss", "no entry", key, guard_count=len(shape_env.guards) if shape_env else 0)
+            return miss
         artifact, meta = loaded
-        if not guards_hold(artifact, symbolic_inputs(gm, example_inputs), shape_env):
-            return Lookup("miss", "stored guards do not hold", key,
-                          guard_count=len(shape_env.guards) if shape_env else 0)
-        params = [_attribute(gm, fqn) for fqn in artifact.param_fqns]
-        graph = artifact.load(f"cached_{key[:12]}")
+        try:
+            if not guards_hold(artifact, symbolic_inputs(gm, example_inputs), shape_env):
+                miss.reason = "stored guards do not hold"
+                return miss
+            params = [_attribute(gm, fqn) for fqn in artifact.param_fqns]
+            graph = artifact.load(f"cached_{key[:12]}")
+        except Exception as exc:  # a verified entry this process cannot load: recompile rather than run eagerly
+            self.disk.reject(key, f"it cannot be loaded ({type(exc).__name__}: {exc})")
+            miss.reason = "entry cannot be loaded"
+            return miss
 
         def run(*args: Any) -> Any:
             return graph([*params, *args])
@@ -118,17 +132,14 @@ class CompileCache:
         meta = {"versions": versions(), "config": self.config.to_dict(), "inputs": len(example_inputs)}
         size = self.disk.store(lookup.key, artifact, meta)
         self._record("miss")
-        self._record("store", nbytes=size)
-        self.disk.prune()
+        if size:
+            self._record("store", nbytes=size)
+            self.disk.prune()
         return "miss"
 
     def _record(self, event: str, reason: str | None = None, nbytes: int = 0) -> None:
-        if self.disk is None or self.disk.refused:
-            return
-        try:
+        if self.disk is not None and not self.disk.refused:
             self.disk.record(event, reason, nbytes)
-        except OSError as exc:
-            log.warning("ascend_dsa cache: cannot update counters (%s)", exc)
 
 
 def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled: CompiledGraph,

@@ -1,22 +1,26 @@
-"""The on-disk compile cache: entries, locks, integrity checks, quarantine, LRU and counters.
+"""The on-disk compile cache: the tree and its trust checks, locks, loading and storing, quarantine, LRU, counters.
 
-Layout under the root (ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa), schema version in the path:
-    v1/entries/<key>/{meta.json, compiled.py, constants.safetensors}
-    v1/locks/<key>.lock     one lock per entry, held while compiling it
-    v1/tmp/                 entries being written (renamed into entries/ when complete)
-    v1/quarantine/          corrupt or foreign entries moved aside
-    v1/stats.json           cumulative counters
-Directories are 0700, files 0600. An entry is written into tmp/ and renamed into place, so readers never see a
-partial entry; an entry whose files do not match the hashes in meta.json is a miss (quarantined, one warning).
-A hit touches meta.json, so pruning evicts the least recently used entries first.
+Layout under the root (ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa), entry schema version in the path:
+    v2/entries/<key>/       one entry (npu_graph.cache_folder: compiled.py, constants, meta.json, tag)
+    v2/locks/<key>.lock     one lock per entry, held while compiling it
+    v2/tmp/                 entries being written (renamed into entries/ when complete)
+    v2/quarantine/          entries that failed a check, moved aside
+    v2/stats.json           cumulative counters
+Trust (npu_graph.trust): the root (after resolving a link the user gave as the root) and the folders in it are
+created 0700; a tree owned by another user or writable by group or others is refused as a whole, and the
+graphs are compiled without it. Each entry is checked (owner, mode, no links, its tag under the user's key, its
+hashes) before any of its code runs; an entry that fails is quarantined with one warning and recompiled. Names
+in entries/ that are not keys (a `.DS_Store`) are ignored.
+A cache that cannot be written (a read-only mount, a container image) still serves hits and writes nothing;
+the first write that fails gives one warning, and graphs compiled after it are not stored.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -25,208 +29,253 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+from npu_graph.cache_entry import Artifact, artifact_files, artifact_from, artifact_record
+from npu_graph.cache_folder import META, SCHEMA, CorruptEntry, EntryBytes, read_folder, verify_entry, write_entry
+from npu_graph.trust import (
+    UntrustedPath,
+    check_private_dir,
+    ensure_private_dir,
+    key_path,
+    read_private_file,
+    user_key,
+)
 
-from npu_graph.cache_entry import Artifact
-
-SCHEMA = "v1"
 _COUNTERS = {"hit": "hits", "miss": "misses", "bypass": "bypasses", "store": "stores"}
+_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheWarning(UserWarning):
     """The cache refused or repaired something; compilation goes on without it."""
 
 
-class CorruptEntry(Exception):
-    """An entry that cannot be trusted: missing files, bad hashes, wrong schema or owner."""
-
-
 def default_root() -> str:
     return os.environ.get("ASCEND_DSA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ascend_dsa")
 
 
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def verified_meta(folder: str, key: str) -> dict[str, Any]:
-    """meta.json of an entry folder, after checking schema, key and every file's hash; raises CorruptEntry."""
-    try:
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-        if meta.get("schema") != SCHEMA or meta.get("key") != key:
-            raise CorruptEntry(f"schema/key mismatch ({meta.get('schema')!r})")
-        for name, digest in meta["files"].items():
-            if sha256_file(os.path.join(folder, name)) != digest:
-                raise CorruptEntry(f"{name} does not match its hash")
-        return meta
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
-
-
 class DiskCache:
-    """One cache root. Safe for many processes at once."""
+    """One cache root. Safe for many processes at once.
 
-    def __init__(self, root: str | None = None, max_size: int = 2 << 30):
+    `refused` says why the cache cannot be used at all (None when it can), `read_only` why nothing is stored.
+    With create=False nothing is created (the command line's read-only commands): a missing root is refused,
+    a missing tree is an empty cache, and a missing key leaves every entry unverifiable (`key_problem`)."""
+
+    def __init__(self, root: str | None = None, max_size: int = 2 << 30, create: bool = True):
         self.root = os.path.abspath(root or default_root())
-        self.base = os.path.join(self.root, SCHEMA)
+        self.base = os.path.join(os.path.realpath(self.root), SCHEMA)
         self.max_size = max_size
-        self.refused: str | None = None
-        self._make_dirs()
+        self.read_only: str | None = None
+        self.key: bytes | None = None
+        self.key_problem = ""
+        self._rejected: set[str] = set()
+        self.refused: str | None = self._open_tree(create)
+        if self.refused is None:
+            self._open_key(create)
 
-    def _make_dirs(self) -> None:
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.base, *parts)
+
+    def _open_tree(self, create: bool) -> str | None:
+        """Check (with create: make) the private tree; returns why it cannot be used, or None."""
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
-            mode = os.stat(self.root).st_mode
-            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-                self.refused = f"cache root {self.root} is world-writable"
-                warnings.warn(f"ascend_dsa cache: {self.refused}; the cache is not used (chmod o-w it)",
-                              CacheWarning, stacklevel=3)
-                return
-            for sub in ("entries", "locks", "tmp", "quarantine"):
-                os.makedirs(os.path.join(self.base, sub), mode=0o700, exist_ok=True)
+            if create:
+                for folder in (os.path.dirname(self.base), self.base, self._path("entries")):
+                    ensure_private_dir(folder)
+                for sub in ("locks", "tmp", "quarantine"):
+                    self._ensure_writable_dir(sub)
+            else:
+                check_private_dir(os.path.dirname(self.base))
+                for sub in ("", "entries", "locks", "tmp", "quarantine"):
+                    if os.path.lexists(self._path(sub)):
+                        check_private_dir(self._path(sub))
+        except UntrustedPath as exc:
+            return f"not using {self.root}: {exc}"
+        except FileNotFoundError:
+            return f"there is no cache at {self.root}"
         except OSError as exc:
-            self.refused = f"cache root {self.root} is not usable ({exc})"
+            return f"cannot use {self.root} ({exc.strerror or exc})"
+        return None
+
+    def _ensure_writable_dir(self, sub: str) -> None:
+        try:
+            ensure_private_dir(self._path(sub))
+        except UntrustedPath:
+            raise
+        except OSError as exc:  # a read-only tree without this folder: hits are still served
+            self.cannot_write(exc)
+
+    def _open_key(self, create: bool) -> None:
+        try:
+            self.key = user_key(create=create)
+        except UntrustedPath as exc:
+            self.refused = f"not using the cache key: {exc}"
+        except OSError as exc:
+            if create or not isinstance(exc, FileNotFoundError):
+                self.refused = f"cannot make or read the cache key at {key_path()} ({exc.strerror or exc})"
+            else:
+                self.key_problem = f"there is no cache key at {key_path()}, so no entry can be verified"
+
+    def cannot_write(self, exc: OSError) -> None:
+        """Turn storing off, with one warning the first time."""
+        if self.read_only is None:
+            self.read_only = f"{self.root} cannot be written ({exc.strerror or exc})"
+            warnings.warn(f"ascend_dsa cache: {self.read_only}; cached graphs are still used, graphs compiled now "
+                          f"are not stored", CacheWarning, stacklevel=3)
 
     def entry_dir(self, key: str) -> str:
-        if not key or any(c not in "0123456789abcdef" for c in key):
+        if not _KEY.fullmatch(key):
             raise ValueError(f"not a cache key: {key!r}")
-        return os.path.join(self.base, "entries", key)
+        return self._path("entries", key)
+
+    def _names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path("entries")))
+        except OSError:
+            return []
+
+    def entry_keys(self) -> list[str]:
+        return [name for name in self._names() if _KEY.fullmatch(name)]
+
+    def unknown_names(self) -> list[str]:
+        """Names in entries/ that are not entries (ignored by everything but `cache verify` and `cache clear`)."""
+        return [name for name in self._names() if not _KEY.fullmatch(name)]
+
+    def _take_lock(self, name: str) -> int:
+        fd = os.open(self._path("locks", name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with contextlib.suppress(OSError):  # a file system without flock: renames still keep entries whole
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-entry lock (fcntl), so concurrent processes compile an entry once."""
-        path = os.path.join(self.base, "locks", key + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Exclusive per-entry lock (fcntl), so concurrent processes compile an entry once. When the lock file
+        cannot be made, the cache is read-only from then on (one warning) and this holds no lock."""
+        fd = None
+        if self.read_only is None:
+            try:
+                fd = self._take_lock(key)
+            except OSError as exc:
+                self.cannot_write(exc)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)  # releases the flock
 
-    def entry_keys(self) -> list[str]:
-        folder = os.path.join(self.base, "entries")
-        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    def read_entry(self, key: str) -> tuple[dict[str, Any], EntryBytes]:
+        """The entry's meta.json and contents after every check (npu_graph.cache_folder); raises CorruptEntry."""
+        if self.key is None:
+            raise CorruptEntry(self.key_problem)
+        entry = read_folder(self.entry_dir(key))
+        return verify_entry(key, entry, [self.key]), entry
 
     def read_meta(self, key: str) -> dict[str, Any]:
-        """The entry's meta.json after checking owner, schema and file hashes; raises CorruptEntry."""
-        folder = self.entry_dir(key)
-        try:
-            if os.stat(folder).st_uid != os.getuid():
-                raise CorruptEntry("entry is owned by another user")
-        except OSError as exc:
-            raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
-        return verified_meta(folder, key)
+        return self.read_entry(key)[0]
 
     def load(self, key: str) -> tuple[Artifact, dict[str, Any]] | None:
-        """The entry's artifact, or None on a miss; a corrupt entry is quarantined with one warning."""
-        if not os.path.isdir(self.entry_dir(key)):
+        """The entry's artifact, or None on a miss; an entry that fails a check is quarantined, one warning."""
+        if key in self._rejected or not os.path.lexists(self.entry_dir(key)):
             return None
         try:
-            meta = self.read_meta(key)
-            artifact = self._artifact(key, meta)
+            meta, entry = self.read_entry(key)
+            artifact = artifact_from(meta, entry.files)
         except CorruptEntry as exc:
-            self.quarantine(key, str(exc))
+            self.reject(key, str(exc))
             return None
-        os.utime(os.path.join(self.entry_dir(key), "meta.json"))
+        if self.read_only is None:
+            with contextlib.suppress(OSError):  # the LRU stamp is best effort
+                os.utime(os.path.join(self.entry_dir(key), META), follow_symlinks=False)
         return artifact, meta
 
-    def _artifact(self, key: str, meta: dict[str, Any]) -> Artifact:
-        folder = self.entry_dir(key)
-        try:
-            with open(os.path.join(folder, "compiled.py")) as f:
-                source = f.read()
-            constants_path = os.path.join(folder, "constants.safetensors")
-            constants = load_file(constants_path) if os.path.exists(constants_path) else {}
-            a = meta["artifact"]
-            return Artifact(source, a["global_names"], constants, a["param_fqns"], a["guards"], a["symbols"],
-                            meta.get("summary", {}), a.get("prologue_params", []))
-        except Exception as exc:  # a damaged safetensors file raises library-specific errors
-            raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
+    def reject(self, key: str, reason: str) -> None:
+        """Quarantine an entry that cannot be used and say so once (a read-only cache keeps it: it is then not
+        read again by this object); the caller recompiles."""
+        if self.quarantine(key):
+            where = "moved to quarantine"
+        else:
+            where = "left in place"
+            self._rejected.add(key)
+        warnings.warn(f"ascend_dsa cache: entry {key[:12]} is not used: {reason}; {where}, recompiling",
+                      CacheWarning, stacklevel=3)
 
-    def quarantine(self, key: str, reason: str) -> None:
-        target = os.path.join(self.base, "quarantine", f"{key}-{int(time.time() * 1e3)}")
-        with contextlib.suppress(OSError):
+    def quarantine(self, key: str) -> bool:
+        """Move an entry into quarantine/; False when it cannot be moved (a read-only cache, or it is gone)."""
+        target = self._path("quarantine", f"{key}-{time.time_ns()}")
+        try:
             os.rename(self.entry_dir(key), target)
-        warnings.warn(f"ascend_dsa cache: entry {key[:12]} is unusable ({reason}); moved to quarantine and "
-                      f"recompiling", CacheWarning, stacklevel=3)
+        except OSError:
+            return False
+        return True
 
     def store(self, key: str, artifact: Artifact, meta: dict[str, Any]) -> int:
-        """Write the entry atomically; returns its size in bytes (0 when another process stored it first)."""
-        tmp = tempfile.mkdtemp(prefix=key[:12] + "-", dir=os.path.join(self.base, "tmp"))
+        """Write the entry atomically; returns its size in bytes (0 when another process stored it first, or
+        when the cache cannot be written: then one warning, the first time)."""
+        if self.read_only is not None or self.key is None:
+            return 0
+        full = {**meta, "created": time.time(), "artifact": artifact_record(artifact), "summary": artifact.summary}
         try:
-            _write_private(os.path.join(tmp, "compiled.py"), artifact.source.encode())
-            if artifact.constants:
-                save_file(artifact.constants, os.path.join(tmp, "constants.safetensors"))
-                os.chmod(os.path.join(tmp, "constants.safetensors"), 0o600)
-            files = {name: sha256_file(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-            full = {**meta, "schema": SCHEMA, "key": key, "files": files, "created": time.time(),
-                    "artifact": {"global_names": artifact.global_names, "param_fqns": artifact.param_fqns,
-                                 "guards": artifact.guards, "symbols": artifact.symbols,
-                                 "prologue_params": artifact.prologue_params},
-                    "summary": artifact.summary}
-            _write_private(os.path.join(tmp, "meta.json"), json.dumps(full, indent=1, default=str).encode())
-            size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))
-            try:
-                os.rename(tmp, self.entry_dir(key))
-            except OSError:
-                return 0
+            tmp = tempfile.mkdtemp(prefix=key[:12] + "-", dir=self._path("tmp"))
+        except OSError as exc:
+            self.cannot_write(exc)
+            return 0
+        try:
+            size = write_entry(tmp, key, artifact_files(artifact), full, self.key)
+            os.rename(tmp, self.entry_dir(key))
             return size
+        except OSError as exc:
+            if not os.path.lexists(self.entry_dir(key)):
+                self.cannot_write(exc)
+            return 0
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def record(self, event: str, reason: str | None = None, nbytes: int = 0) -> None:
-        """Add one event (hit, miss, bypass, store) to the cumulative counters in stats.json."""
-        with self._stats_lock() as stats:
-            counter = _COUNTERS[event]
-            stats[counter] = stats.get(counter, 0) + 1
-            if reason:
-                stats.setdefault("bypass_reasons", {})[reason] = stats["bypass_reasons"].get(reason, 0) + 1
-            stats["bytes_written"] = stats.get("bytes_written", 0) + nbytes
-
-    @contextlib.contextmanager
-    def _stats_lock(self) -> Iterator[dict[str, Any]]:
-        path = os.path.join(self.base, "stats.json")
-        with self.lock("stats"):
+        """Add one event (hit, miss, bypass, store) to the counters in stats.json. Best effort: a cache that
+        cannot be written keeps no counters and says nothing about it."""
+        if self.read_only is not None:
+            return
+        with contextlib.suppress(OSError):
+            fd = self._take_lock("stats")
             try:
-                with open(path) as f:
-                    stats = json.load(f)
-            except (OSError, ValueError):
-                stats = {}
-            yield stats
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            _write_private(tmp, json.dumps(stats).encode())
-            os.replace(tmp, path)
+                stats = self._counters()
+                counter = _COUNTERS[event]
+                stats[counter] = stats.get(counter, 0) + 1
+                if reason:
+                    reasons = stats.setdefault("bypass_reasons", {})
+                    reasons[reason] = reasons.get(reason, 0) + 1
+                stats["bytes_written"] = stats.get("bytes_written", 0) + nbytes
+                tmp = self._path(f"stats.json.{os.getpid()}.tmp")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                fd_tmp = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd_tmp, "w") as f:
+                    json.dump(stats, f)
+                os.replace(tmp, self._path("stats.json"))
+            finally:
+                os.close(fd)
+
+    def _counters(self) -> dict[str, Any]:
+        try:
+            counters = json.loads(read_private_file(self._path("stats.json")))
+        except (OSError, ValueError):
+            return {}
+        return counters if isinstance(counters, dict) else {}
 
     def stats(self) -> dict[str, Any]:
-        try:
-            with open(os.path.join(self.base, "stats.json")) as f:
-                counters = json.load(f)
-        except (OSError, ValueError):
-            counters = {}
         entries = self.entries_by_recency()
         return {"root": self.root, "entries": len(entries), "bytes": sum(e["size"] for e in entries),
-                "max_size": self.max_size, **counters}
+                "max_size": self.max_size, "read_only": self.read_only is not None, **self._counters()}
 
     def entry_info(self, key: str) -> dict[str, Any]:
+        """Size and last use of an entry, damaged or not; raises OSError when it is gone."""
         folder = self.entry_dir(key)
-        size = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
-        return {"key": key, "size": size, "last_used": os.path.getmtime(os.path.join(folder, "meta.json"))}
+        st = os.lstat(folder)
+        size, used = st.st_size, st.st_mtime
+        if stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError):
+                size = sum(os.lstat(os.path.join(folder, n)).st_size for n in os.listdir(folder))
+            with contextlib.suppress(OSError):
+                used = os.lstat(os.path.join(folder, META)).st_mtime
+        return {"key": key, "size": size, "last_used": used}
 
     def entries_by_recency(self) -> list[dict[str, Any]]:
         """Entries, least recently used first."""
@@ -236,18 +285,39 @@ class DiskCache:
                 infos.append(self.entry_info(key))
         return sorted(infos, key=lambda info: info["last_used"])
 
-    def remove(self, key: str) -> None:
-        shutil.rmtree(self.entry_dir(key), ignore_errors=True)
+    def remove(self, name: str) -> str | None:
+        """Remove one name from entries/ (an entry, a link, a stray file); returns why it is still there."""
+        path = self._path("entries", os.path.basename(name))
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc.strerror or exc}"
+        return None
 
-    def prune(self, max_size: int | None = None, older_than: float | None = None) -> list[str]:
-        """Evict least recently used entries until the total is <= max_size, and entries unused for
-        `older_than` seconds. Returns the removed keys."""
+    def prune(self, max_size: int | None = None, older_than: float | None = None) -> dict[str, Any]:
+        """Evict least recently used entries until the total is <= max_size, and entries unused for `older_than`
+        seconds. Returns {"removed": keys, "left": {key: why it could not be removed}}."""
         limit = self.max_size if max_size is None else max_size
         entries = self.entries_by_recency()
-        total, removed, now = sum(e["size"] for e in entries), [], time.time()
+        total, now = sum(e["size"] for e in entries), time.time()
+        removed, left = [], {}
         for info in entries:
             if total > limit or (older_than is not None and now - info["last_used"] > older_than):
-                self.remove(info["key"])
+                problem = self.remove(info["key"])
+                if problem:
+                    left[info["key"]] = problem
+                    continue
                 removed.append(info["key"])
                 total -= info["size"]
-        return removed
+        return {"removed": removed, "left": left}
+
+    def clear(self) -> dict[str, Any]:
+        """Remove everything in entries/; returns {"removed": count, "left": {name: why it is still there}}."""
+        names = self._names()
+        left = {name: problem for name in names if (problem := self.remove(name))}
+        return {"removed": len(names) - len(left), "left": left}

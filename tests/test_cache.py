@@ -1,47 +1,21 @@
-"""The on-disk compile cache: keys, hits that skip compilation, guards, damaged entries, LRU, concurrency."""
-import contextlib
-import io
-import json
+"""The on-disk compile cache: keys, hits that skip compilation, private entries, guards, damaged entries, LRU,
+concurrency. (Tampering: test_cache_trust.py; damaged and read-only caches: test_cache_damage.py.)"""
 import os
 import subprocess
 import sys
 import textwrap
 import types
-import warnings
 
 import pytest
 import torch
+from cache_helpers import MODEL, compile_once, isolated_key
 
 import npu_graph
 from npu_graph import backend as backend_module
 from npu_graph import cache_key
 from npu_graph.disk_cache import CacheWarning, DiskCache
-from npu_graph.tools import cli
 
-MODEL = textwrap.dedent("""
-    import torch
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x))).softmax(-1) * torch.tensor([2.0])
-""")
-namespace: dict = {}
-exec(MODEL, namespace)
-Net = namespace["Net"]
-
-
-def compile_once(cache_dir, model=None, x=None, **options):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = model or Net()
-    x = torch.randn(4, 16) if x is None else x
-    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache_dir": str(cache_dir), **options}))
-    with torch.no_grad():
-        out = torch.compile(model, backend=backend)(x)
-        torch.testing.assert_close(out, model(x))
-    return backend.reports[-1], out
+own_key = isolated_key()
 
 
 def key_of(gm_fn, *args, config=None):
@@ -77,7 +51,7 @@ def test_entry_files_are_private_and_not_pickles(tmp_path):
     disk = DiskCache(str(tmp_path))
     (key,) = disk.entry_keys()
     folder = disk.entry_dir(key)
-    assert sorted(os.listdir(folder)) == ["compiled.py", "constants.safetensors", "meta.json"]
+    assert sorted(os.listdir(folder)) == ["compiled.py", "constants.safetensors", "meta.json", "tag"]
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     assert all(oct(os.stat(os.path.join(folder, f)).st_mode & 0o777) == "0o600" for f in os.listdir(folder))
     assert not os.listdir(os.path.join(disk.base, "tmp"))
@@ -136,22 +110,6 @@ def test_damaged_entries_are_quarantined_and_recompiled(tmp_path):
     assert report.cache == "miss"
 
 
-def test_foreign_entry_and_world_writable_root_are_refused(tmp_path):
-    compile_once(tmp_path)
-    disk = DiskCache(str(tmp_path))
-    (key,) = disk.entry_keys()
-    os.chown(disk.entry_dir(key), 12345, 12345)
-    with pytest.warns(CacheWarning, match="another user"):
-        report, _ = compile_once(tmp_path)
-    assert report.cache == "miss"
-    open_root = tmp_path / "open"
-    open_root.mkdir()
-    os.chmod(open_root, 0o777)
-    with pytest.warns(CacheWarning, match="world-writable"):
-        report, _ = compile_once(open_root)
-    assert report.cache == "bypass" and "world-writable" in report.cache_reason
-
-
 def test_guards_on_symbolic_sizes_are_checked(tmp_path, monkeypatch):
     from npu_graph import pipeline
 
@@ -189,8 +147,8 @@ def test_lru_prune_keeps_recently_used(tmp_path):
     oldest = entries[0]["key"]
     os.utime(os.path.join(disk.entry_dir(oldest), "meta.json"))
     keep = sum(e["size"] for e in entries if e["key"] == oldest) + 1
-    removed = disk.prune(max_size=keep)
-    assert oldest not in removed and disk.entry_keys() == [oldest]
+    result = disk.prune(max_size=keep)
+    assert oldest not in result["removed"] and not result["left"] and disk.entry_keys() == [oldest]
 
 
 def test_prune_older_than(tmp_path):
@@ -198,66 +156,7 @@ def test_prune_older_than(tmp_path):
     disk = DiskCache(str(tmp_path))
     (key,) = disk.entry_keys()
     os.utime(os.path.join(disk.entry_dir(key), "meta.json"), (1, 1))
-    assert disk.prune(older_than=3600) == [key] and disk.entry_keys() == []
-
-
-class CliResult:
-    def __init__(self, code, stdout):
-        self.returncode, self.stdout = code, stdout
-
-
-def run_cli(*args):
-    """The ascend-dsa cache command in this process (the module entry is tested once in a subprocess)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli.main(["cache", *args])
-    return CliResult(code, out.getvalue())
-
-
-def test_cache_command_runs_as_module(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "npu_graph", "cache", "stats", "--dir", str(tmp_path), "--json"],
-                       capture_output=True, text=True)
-    assert p.returncode == 0 and json.loads(p.stdout)["entries"] == 0
-
-
-def test_cli_json_and_export_import_round_trip(tmp_path):
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    compile_once(src)
-    listing = json.loads(run_cli("ls", "--dir", str(src), "--json").stdout)
-    assert len(listing) == 1 and listing[0]["ok"]
-    shown = json.loads(run_cli("show", listing[0]["key"][:10], "--dir", str(src), "--json").stdout)
-    assert shown["versions"]["torch"] == torch.__version__ and "guards" in shown
-    assert json.loads(run_cli("stats", "--dir", str(src), "--json").stdout)["entries"] == 1
-    archive = str(tmp_path / "warm.tgz")
-    assert json.loads(run_cli("export", archive, "--dir", str(src), "--json").stdout)["entries"] == 1
-    assert json.loads(run_cli("import", archive, "--dir", str(dst), "--json").stdout)["imported"] == 1
-    assert json.loads(run_cli("verify", "--dir", str(dst), "--json").stdout) == {"ok": 1, "quarantined": []}
-    report, _ = compile_once(dst)
-    assert report.cache == "hit"
-    assert json.loads(run_cli("clear", "--dir", str(dst), "--json").stdout) == {"removed": 1}
-
-
-def test_import_refuses_other_versions(tmp_path, monkeypatch):
-    from npu_graph import cache_transfer
-
-    compile_once(tmp_path / "src")
-    archive = str(tmp_path / "a.tgz")
-    cache_transfer.export_cache(DiskCache(str(tmp_path / "src")), archive)
-    monkeypatch.setattr(cache_transfer, "versions", lambda: {**cache_key.versions(), "torch": "0.0.1"})
-    with pytest.raises(cache_transfer.CacheImportError, match="torch"):
-        cache_transfer.import_cache(DiskCache(str(tmp_path / "dst")), archive)
-
-
-def test_cli_verify_quarantines_bad_entries(tmp_path):
-    compile_once(tmp_path)
-    disk = DiskCache(str(tmp_path))
-    (key,) = disk.entry_keys()
-    with open(os.path.join(disk.entry_dir(key), "compiled.py"), "w") as f:
-        f.write("broken")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = json.loads(run_cli("verify", "--dir", str(tmp_path), "--json").stdout)
-    assert result["ok"] == 0 and result["quarantined"][0]["key"] == key and disk.entry_keys() == []
+    assert disk.prune(older_than=3600) == {"removed": [key], "left": {}} and disk.entry_keys() == []
 
 
 CONCURRENT = MODEL + textwrap.dedent("""

@@ -1,21 +1,37 @@
 """`ascend-dsa cache {ls,show,stats,prune,clear,verify,export,import}`: manage the on-disk compile cache.
-Every subcommand takes --json and --dir (default: ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa)."""
+
+Every subcommand takes --json and --dir (default: ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa). Only
+`import` creates a cache; the others never create anything, and `ls`, `show`, `stats` and `export` change
+nothing. Names in entries/ that are not entries are ignored (`verify` reports them, `clear` removes them).
+Exit codes: 0 when all went well, 1 when the command met something wrong (a damaged entry, one it could not
+remove, an entry refused on import), 2 when it could not run at all (no cache there, a cache or key that is
+not trusted, an archive that cannot be imported); the message goes to stderr, and with --json a JSON object
+with "error" to stdout.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from npu_graph.cache_transfer import export_cache, import_cache
-from npu_graph.disk_cache import CorruptEntry, DiskCache
+from npu_graph.cache_folder import CorruptEntry
+from npu_graph.cache_transfer import CacheImportError, export_cache, import_cache
+from npu_graph.disk_cache import DiskCache
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+Outcome = tuple[Any, str | None]  # what to print, and what went wrong (None: nothing)
+
+
+class CacheCommandError(Exception):
+    """The command cannot run at all (exit code 2)."""
 
 
 def parse_size(text: str) -> int:
@@ -38,7 +54,7 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     cache = sub.add_parser("cache", help="manage the on-disk compile cache")
     actions = cache.add_subparsers(dest="action", required=True)
     for name, text in [("ls", "list entries"), ("stats", "counters and size"), ("clear", "remove every entry"),
-                       ("verify", "read every entry, quarantine bad ones")]:
+                       ("verify", "check every entry, quarantine those that fail, report stray files")]:
         _common(actions.add_parser(name, help=text))
     show = _common(actions.add_parser("show", help="one entry in full"))
     show.add_argument("key", help="entry key (a unique prefix is enough)")
@@ -47,8 +63,14 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     prune.add_argument("--older-than", type=parse_age, default=None, help="remove entries unused for (30d, 12h)")
     export = _common(actions.add_parser("export", help="pack the cache into one file"))
     export.add_argument("file")
-    imp = _common(actions.add_parser("import", help="unpack an exported cache (versions must match)"))
+    imp = _common(actions.add_parser("import", help="unpack an exported cache (versions must match; entries must "
+                                                    "carry a tag under your key)"))
     imp.add_argument("file")
+    imp.add_argument("--trust", action="store_true",
+                     help="accept entries whatever their tag: only for an archive whose origin you trust, since "
+                          "its code will run")
+    imp.add_argument("--key", metavar="FILE", default=None,
+                     help="also accept entries tagged under this key (the cache.key of whoever made the archive)")
 
 
 def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -57,73 +79,107 @@ def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(disk: DiskCache, prefix: str) -> str:
-    matches = [k for k in disk.entry_keys() if k.startswith(prefix)]
-    if len(matches) != 1:
-        raise SystemExit(f"ascend-dsa cache: {len(matches)} entries match {prefix!r}; give more of the key")
-    return matches[0]
-
-
 def _entry_row(disk: DiskCache, info: dict[str, Any]) -> dict[str, Any]:
     try:
         meta = disk.read_meta(info["key"])
-        summary = meta.get("summary", {})
-        return {**info, "nodes": summary.get("nodes_after"), "fused_ops": summary.get("fused_ops", {}),
-                "torch": meta.get("versions", {}).get("torch"), "ok": True}
     except CorruptEntry as exc:
         return {**info, "ok": False, "problem": str(exc)}
+    summary = meta.get("summary", {})
+    return {**info, "nodes": summary.get("nodes_after"), "fused_ops": summary.get("fused_ops", {}),
+            "torch": meta.get("versions", {}).get("torch"), "ok": True}
 
 
-def _show(disk: DiskCache, key: str) -> dict[str, Any]:
-    meta = disk.read_meta(key)
-    return {**disk.entry_info(key), "graph": meta.get("summary", {}), "config": meta.get("config"),
+def _ls(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    return [_entry_row(disk, info) for info in reversed(disk.entries_by_recency())], None
+
+
+def _show(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    matches = [k for k in disk.entry_keys() if k.startswith(args.key)]
+    if len(matches) != 1:
+        raise CacheCommandError(f"{len(matches)} entries match {args.key!r}; give more of the key")
+    key = matches[0]
+    info = disk.entry_info(key)
+    try:
+        meta = disk.read_meta(key)
+    except CorruptEntry as exc:
+        return {**info, "ok": False, "problem": str(exc)}, f"entry {key[:12]} is damaged: {exc}"
+    return {**info, "ok": True, "graph": meta.get("summary", {}), "config": meta.get("config"),
             "versions": meta.get("versions"), "guards": meta["artifact"]["guards"],
-            "created": meta.get("created")}
+            "created": meta.get("created")}, None
 
 
-def _verify(disk: DiskCache) -> dict[str, Any]:
-    good, bad = [], []
+def _verify(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    if disk.key is None:
+        raise CacheCommandError(disk.key_problem)
+    good, bad = 0, []
     for key in disk.entry_keys():
         try:
             disk.read_meta(key)
-            good.append(key)
+            good += 1
         except CorruptEntry as exc:
-            disk.quarantine(key, str(exc))
-            bad.append({"key": key, "problem": str(exc)})
-    return {"ok": len(good), "quarantined": bad}
+            bad.append({"key": key, "problem": str(exc), "quarantined": disk.quarantine(key)})
+    result = {"ok": good, "quarantined": bad, "ignored": disk.unknown_names()}
+    return result, f"{len(bad)} damaged entries" if bad else None
 
 
-def _clear(disk: DiskCache) -> dict[str, Any]:
-    keys = disk.entry_keys()
-    for key in keys:
-        disk.remove(key)
-    return {"removed": len(keys)}
+def _removal(result: dict[str, Any]) -> Outcome:
+    left = result["left"]
+    if not left:
+        return result, None
+    return result, f"{len(left)} could not be removed: " + "; ".join(f"{k}: {v}" for k, v in left.items())
+
+
+def _prune(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    return _removal(disk.prune(args.max_size if args.max_size is not None else disk.max_size, args.older_than))
+
+
+def _clear(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    return _removal(disk.clear())
+
+
+def _export(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    result = export_cache(disk, args.file)
+    skipped = result["skipped"]
+    return result, f"{len(skipped)} entries that do not verify were left out" if skipped else None
+
+
+def _import(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    result = import_cache(disk, args.file, trust=args.trust, key_file=args.key)
+    refused = result["refused"]
+    if not refused:
+        return result, None
+    reasons = "; ".join(sorted({r["problem"] for r in refused}))
+    return result, (f"{len(refused)} entries refused ({reasons}). If you trust where this archive comes from, "
+                    f"import it with --trust, or with --key FILE naming the key it was made with")
+
+
+_ACTIONS: dict[str, Callable[[DiskCache, argparse.Namespace], Outcome]] = {
+    "ls": _ls, "show": _show, "stats": lambda disk, args: (disk.stats(), None), "prune": _prune,
+    "clear": _clear, "verify": _verify, "export": _export, "import": _import}
 
 
 def run_cache_command(args: argparse.Namespace) -> int:
-    disk = DiskCache(args.dir)
-    if disk.refused:
-        raise SystemExit(f"ascend-dsa cache: {disk.refused}")
-    action = args.action
-    if action == "ls":
-        result: Any = [_entry_row(disk, info) for info in reversed(disk.entries_by_recency())]
-    elif action == "show":
-        result = _show(disk, _resolve(disk, args.key))
-    elif action == "stats":
-        result = disk.stats()
-    elif action == "prune":
-        result = {"removed": disk.prune(args.max_size if args.max_size is not None else disk.max_size,
-                                        args.older_than)}
-    elif action == "clear":
-        result = _clear(disk)
-    elif action == "verify":
-        result = _verify(disk)
-    elif action == "export":
-        result = export_cache(disk, args.file)
-    else:
-        result = import_cache(disk, args.file)
-    _print(action, result, args.json)
-    return 0
+    disk = DiskCache(args.dir, create=args.action == "import")
+    try:
+        if disk.refused:
+            raise CacheCommandError(disk.refused)
+        result, problem = _ACTIONS[args.action](disk, args)
+    except (CacheCommandError, CacheImportError, OSError) as exc:
+        message = _message(exc)
+        print(f"ascend-dsa cache {args.action}: {message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": message}))
+        return 2
+    _print(args.action, result, args.json)
+    if problem:
+        print(f"ascend-dsa cache {args.action}: {problem}", file=sys.stderr)
+    return 1 if problem else 0
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 def _print(action: str, result: Any, as_json: bool) -> None:
