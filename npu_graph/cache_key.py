@@ -2,9 +2,11 @@
 
 key = sha256 of: the canonical graph (ops, arguments, constants, wiring; placeholders by position, so the
 names Dynamo picks do not matter), input metadata (dtypes, shapes with symbolic sizes by name, strides,
-devices, requires_grad), the settings that change compiled code, the uuid of every pass, and versions
-(python, torch, torch_npu if installed, ascend-dsa). Nothing in it depends on object addresses or on
-PYTHONHASHSEED. A graph whose arguments cannot be written down stably raises Uncacheable.
+devices, requires_grad), the settings that change compiled code, the uuid of every pass, the digest of the
+compiler's own source files (as Inductor keys its cache on torch's source: an edit of a pass helper, a kernel
+module or a native C source is a miss), and versions (python, torch, torch_npu if installed, ascend-dsa).
+Nothing in it depends on object addresses or on PYTHONHASHSEED. A graph whose arguments cannot be written down
+stably raises Uncacheable.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import importlib.metadata
 import json
 import platform
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +26,9 @@ from npu_graph.config import CompilerConfig
 from npu_graph.pipeline import pipeline_uuids
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_SOURCE_SUFFIXES = {".py", ".c", ".h"}
+# Subpackages that do not shape compiled code (the command line) or that are walked as roots of their own.
+_NOT_UNDER_ROOT = {"tools", "passes", "kernels", "__pycache__"}
 # Settings that change what the compiler produces; dump/cache/verify/strict only change how it reports.
 KEY_SETTINGS = ("target", "passes", "quant", "layout", "streams", "superkernel", "experimental_config")
 
@@ -42,6 +48,29 @@ def versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         found["torch_npu"] = "absent"
     return found
+
+
+def source_digest_of(roots: dict[str, Path]) -> str:
+    """sha256 over the source files (.py, .c, .h) under each named root, by name relative to it, so the digest is
+    the same wherever the package is installed; folders in _NOT_UNDER_ROOT are skipped."""
+    digest = hashlib.sha256()
+    for name, root in sorted(roots.items()):
+        files = sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()
+                       and not _NOT_UNDER_ROOT.intersection(p.relative_to(root).parts[:-1]))
+        for path in files:
+            digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+@functools.cache
+def source_digest() -> str:
+    """Digest of the compiler's source (npu_graph, its passes and kernels, native C sources); read once."""
+    import npu_graph.kernels
+    import npu_graph.passes
+
+    return source_digest_of({module.__name__: Path(module.__path__[0])
+                             for module in (npu_graph, npu_graph.passes, npu_graph.kernels)})
 
 
 def _callable_name(fn: Any) -> str:
@@ -149,7 +178,8 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Co
                  inference: bool) -> dict[str, Any]:
     inputs = input_metadata(symbolic_inputs(gm, example_inputs))
     return {"graph": canonical_graph(gm), "inputs": inputs, "inference": inference,
-            "settings": key_settings(config), "passes": pipeline_uuids(), "versions": versions()}
+            "settings": key_settings(config), "passes": pipeline_uuids(), "sources": source_digest(),
+            "versions": versions()}
 
 
 def cache_key(material: dict[str, Any]) -> str:

@@ -89,8 +89,34 @@ def test_key_changes_with_each_input(monkeypatch):
     monkeypatch.setattr(cache_key, "pipeline_uuids", lambda: {"canonicalize": "edited"})
     assert key_of(lambda x: (x * 2).softmax(-1), x) != base
     monkeypatch.undo()
+    monkeypatch.setattr(cache_key, "source_digest", lambda: "a helper or kernel was edited")
+    assert key_of(lambda x: (x * 2).softmax(-1), x) != base
+    monkeypatch.undo()
     monkeypatch.setattr(cache_key, "versions", lambda: {"torch": "9.9"})
     assert key_of(lambda x: (x * 2).softmax(-1), x) != base
+
+
+def test_source_digest_follows_every_source_file_wherever_installed(tmp_path):
+    def package(where):
+        for name, text in {"npu_graph/a.py": "x = 1", "npu_graph/targets/b.py": "", "kernels/native/k.c": "int k;",
+                           "kernels/k.h": ""}.items():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            (where / name).write_text(text)
+        return {"npu_graph": where / "npu_graph", "npu_graph.kernels": where / "kernels"}
+
+    roots = package(tmp_path / "one")
+    base = cache_key.source_digest_of(roots)
+    assert cache_key.source_digest_of(package(tmp_path / "two")) == base
+    for unrelated in ("npu_graph/__pycache__/a.cpython.pyc", "npu_graph/tools/cli.py", "npu_graph/notes.txt"):
+        (tmp_path / "one" / unrelated).parent.mkdir(exist_ok=True)
+        (tmp_path / "one" / unrelated).write_text("changed")
+    assert cache_key.source_digest_of(roots) == base
+    for edited in ("npu_graph/targets/b.py", "kernels/native/k.c", "kernels/k.h"):
+        path = tmp_path / "one" / edited
+        original = path.read_text()
+        path.write_text(original + "# edited")
+        assert cache_key.source_digest_of(roots) != base, edited
+        path.write_text(original)
 
 
 def test_damaged_entries_are_quarantined_and_recompiled(tmp_path):
