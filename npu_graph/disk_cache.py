@@ -263,7 +263,7 @@ class DiskCache:
     def stats(self) -> dict[str, Any]:
         entries = self.entries_by_recency()
         return {"root": self.root, "entries": len(entries), "bytes": sum(e["size"] for e in entries),
-                "max_size": self.max_size, "read_only": self.read_only is not None, **self._counters()}
+                "max_size": self.max_size, **self._counters()}
 
     def entry_info(self, key: str) -> dict[str, Any]:
         """Size and last use of an entry, damaged or not; raises OSError when it is gone."""
