@@ -22,7 +22,6 @@ from torch import Tensor
 from npu_graph.kernels import native
 
 NATIVE_SOURCE = "lightning_indexer"
-FORCE_FP32_DOT = False  # tests set it to check the fp32 micro-kernel on CPUs with bf16 dot products
 
 
 @functools.cache
@@ -49,7 +48,7 @@ def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFunc
     scores, topk, has_f16, has_bf16_dot = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
-    bf16_dot = has_bf16_dot and not FORCE_FP32_DOT and query.dtype == key.dtype == torch.bfloat16 \
+    bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 \
         and query.shape[3] % 2 == 0
     return scores, topk, bf16_dot
 

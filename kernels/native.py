@@ -1,14 +1,20 @@
 """Native CPU kernels: the plain C sources in kernels/native/ (no torch headers), compiled at first use with the
 system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers.
 
-`load(name)` builds kernels/native/<name>.c once per machine and process; `bind_calls` binds a compiled graph's
-ATen calls to a kernel module's native-or-ATen function. The shared library goes into a cache
-folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else ~/.cache/ascend_dsa/native) under a
-file name keyed by a hash of the source (with the folder's headers), the compiler, the flags and the CPU
-(`-march=native` code only runs on the CPU it was built for); it is written to a temporary file and renamed into
-place, so processes building at the same time are safe, and later processes load it without compiling. The
-compiler is ASCEND_DSA_CC or CC, else `cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP
-(libgomp.so.1) resolves to the runtime torch already loaded: no second thread pool.
+`load(name)` builds kernels/native/<name>.c for the active instruction-set level (kernels/cpu_isa.py: detected,
+or forced lower with ASCEND_DSA_CPU_ISA) once per machine and process; `bind_calls` binds a compiled graph's
+ATen calls to a kernel module's native-or-ATen function. Every level has its own flags (LEVEL_FLAGS) and so its
+own library: the sources size their vectors and register tiles from the level (kernels/native/simd.h), as
+oneDNN selects per-ISA code at run time. Why plain C per level rather than a C++ extension on torch's
+`at::vec::Vectorized`: no torch headers to compile (a kernel builds in about a second, not minutes), no tie to
+torch's C++ ABI, and the level of every path can be forced and tested on one machine.
+
+The shared library goes into a cache folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else
+~/.cache/ascend_dsa/native) under a file name keyed by a hash of the source (with the folder's headers), the
+compiler and the flags; it is written to a temporary file and renamed into place, so processes building at the
+same time are safe, and later processes load it without compiling. The compiler is ASCEND_DSA_CC or CC, else
+`cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP (libgomp.so.1) resolves to the runtime
+torch already loaded: no second thread pool.
 
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
@@ -29,10 +35,20 @@ from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
+from npu_graph.kernels import cpu_isa
+
 SOURCE_DIR = Path(__file__).parent / "native"
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+# Flags per instruction-set level (kernels/cpu_isa.py). x86-64-v3 is AVX2 + FMA + F16C + BMI; x86-64-v4 adds
+# AVX-512 F/BW/CD/DQ/VL, whose 512-bit vectors the compiler then also uses for the loops it vectorises itself.
+_X86_LEVEL_FLAGS = {
+    "generic": ("-march=x86-64", "-mtune=generic"),
+    "avx2": ("-march=x86-64-v3", "-mtune=generic"),
+    "avx512": ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
+    "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic", "-mprefer-vector-width=512"),
+}
 BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "ASCEND_DSA_NATIVE"
 ENV_DIR = "ASCEND_DSA_NATIVE_DIR"
@@ -65,37 +81,33 @@ def compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def _cpu_identity() -> str:
-    """Machine and CPU flags: a library built with -march=native is tied to them."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    wanted = [line for line in lines if line.startswith(("flags", "model name", "Features"))]
-    return "\n".join([platform.machine(), platform.processor(), *sorted(set(wanted))])
+def level_flags(level: str) -> tuple[str, ...]:
+    """The compiler flags of one level: FLAGS, plus the level's target flags on x86 (elsewhere only the
+    generic level exists, built for the architecture's baseline)."""
+    return FLAGS + (_X86_LEVEL_FLAGS[level] if cpu_isa.is_x86() else ())
 
 
-def library_path(name: str, cc: str) -> Path:
-    """The cache file for source `name` built by `cc` on this CPU."""
+def library_path(name: str, cc: str, level: str) -> Path:
+    """The cache file for source `name` built by `cc` for `level`."""
     digest = hashlib.sha256()
     headers = [path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))]   # sources may include them
-    for part in ((SOURCE_DIR / f"{name}.c").read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(),
-                 _cpu_identity().encode()):
+    for part in ((SOURCE_DIR / f"{name}.c").read_bytes(), *headers, cc.encode(), " ".join(level_flags(level)).encode(),
+                 platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
-    return cache_dir() / f"{name}-{digest.hexdigest()[:20]}.so"
+    return cache_dir() / f"{name}-{level}-{digest.hexdigest()[:20]}.so"
 
 
-def _build(source: Path, target: Path, cc: str) -> str | None:
-    """Compiles source into target (atomically); None, or why it failed."""
+def _build(source: Path, target: Path, cc: str, level: str) -> str | None:
+    """Compiles source into target for `level` (atomically); None, or why it failed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
+        done = subprocess.run([cc, *level_flags(level), "-o", tmp, str(source)], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
-            return f"`{cc}` failed to build {source.name}: {done.stderr.strip()[-800:]}"
+            return f"`{cc}` failed to build {source.name} for {level}: {done.stderr.strip()[-800:]}"
         os.replace(tmp, target)
         return None
     except (OSError, subprocess.SubprocessError) as e:
@@ -106,22 +118,23 @@ def _build(source: Path, target: Path, cc: str) -> str | None:
 
 
 def load(name: str) -> Native:
-    """The library built from kernels/native/<name>.c, building it on first use (module docstring).
-    ASCEND_DSA_NATIVE=0 is read at every call, so it may be set at any time."""
+    """The library built from kernels/native/<name>.c for the active level, building it on first use (module
+    docstring). ASCEND_DSA_NATIVE=0 and ASCEND_DSA_CPU_ISA are read at every call, so they may be set at any
+    time; a forced level this CPU lacks raises cpu_isa.IsaError."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return Native(None, f"{ENV_SWITCH}=0 is set")
-    return _load(name)
+    return _load(name, cpu_isa.active())
 
 
 @functools.cache
-def _load(name: str) -> Native:
+def _load(name: str, level: str) -> Native:
     cc = compiler()
     if cc is None:
         return Native(None, f"no C compiler found (set {ENV_CC} or CC, or install cc/gcc)")
     try:
-        path = library_path(name, cc)
+        path = library_path(name, cc, level)
         if not path.exists():
-            failure = _build(SOURCE_DIR / f"{name}.c", path, cc)
+            failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
             if failure:
                 return Native(None, failure)
         return Native(ctypes.CDLL(str(path)), str(path))

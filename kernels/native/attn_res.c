@@ -13,17 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "float_io.h"
+#include "simd.h"
 
 int ar_has_f16(void) { return FLOAT_IO_HAS_F16; }
 
 /* The values of row r as fp32 rows vals[m][d] (m = n or n + 1). */
 static void gather_values(const void *blocks, const void *partial, int dtype, int64_t n, int64_t rows, int64_t d,
                           int64_t r, float *vals) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < d; j++) vals[i * d + j] = load_value(blocks, dtype, (i * rows + r) * d + j);
-    if (partial)
-        for (int64_t j = 0; j < d; j++) vals[n * d + j] = load_value(partial, dtype, r * d + j);
+    const int64_t item = elem_bytes(dtype);
+    for (int64_t i = 0; i < n; i++) row_to_f32(vals + i * d, (const char *)blocks + (i * rows + r) * d * item, dtype, d);
+    if (partial) row_to_f32(vals + n * d, (const char *)partial + r * d * item, dtype, d);
 }
 
 /* Returns 0, or -1 when the working buffers could not be allocated. */
@@ -69,7 +68,7 @@ int ar_rows(const void *blocks, const void *partial, int dtype, int64_t n, int64
 #pragma omp simd
                 for (int64_t j = 0; j < d; j++) acc[j] += p * v[j];
             }
-            for (int64_t j = 0; j < d; j++) store_value(out, dtype, (s * rows + r) * d + j, acc[j]);
+            row_from_f32((char *)out + (s * rows + r) * d * elem_bytes(dtype), dtype, acc, d);
         }
     }
     free(vals);

@@ -24,18 +24,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VL 16                   /* fp32 lanes of one vector */
+#include "simd.h"
+
 #define BK 128                  /* keys per block */
 #define BQ 64                   /* queries per job */
 #define ROWS 4                  /* query rows per micro-kernel */
+#if NREG >= 32
 #define SCORE_VECTORS 4         /* key vectors per score micro-kernel: ROWS x 4 accumulators in registers */
+#else
+#define SCORE_VECTORS 2         /* 16 registers: ROWS x 2 accumulators, 2 key vectors and a broadcast */
+#endif
 #define KV (BK / VL)            /* vectors of one score row */
-#define MAX_DV_VECTORS 16       /* head dims up to 256 */
+#define MAX_DV 256              /* the largest head dims */
+#define MAX_DV_VECTORS (MAX_DV / VL)
 #define LOG2E 1.44269504088896341f
 #define LN2 0.693147180559945309f
-
-typedef float vf __attribute__((vector_size(VL * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
 
 struct attention_args {
     const float *q, *k, *v;
@@ -95,58 +98,15 @@ static inline void score_rows(const float *qs, int64_t dk, const float *kt, int6
     vf acc[ROWS][SCORE_VECTORS] = {0};
     for (int64_t d = 0; d < dk; d++) {
         const vf *kd = (const vf *)(kt + d * sp);
-        vf k0 = kd[0], k1 = kd[1], k2 = kd[2], k3 = kd[3];
+        vf kv[SCORE_VECTORS];
+        for (int c = 0; c < SCORE_VECTORS; c++) kv[c] = kd[c];
         for (int r = 0; r < ROWS; r++) {
             float x = qs[r * dk + d];
-            acc[r][0] += x * k0;
-            acc[r][1] += x * k1;
-            acc[r][2] += x * k2;
-            acc[r][3] += x * k3;
+            for (int c = 0; c < SCORE_VECTORS; c++) acc[r][c] += x * kv[c];
         }
     }
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < SCORE_VECTORS; c++) ((vf *)(s + r * BK))[c] = acc[r][c];
-}
-
-static inline vf splat(float x) { return (vf){0} + x; }
-
-static inline vf pick(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
-
-static inline vf vmax(vf a, vf b) { return pick(a > b, a, b); }
-
-/* Lane-wise tree reductions of one vector. */
-static inline float hmax(vf x) {
-    x = vmax(x, __builtin_shuffle(x, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
-    x = vmax(x, __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
-    x = vmax(x, __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
-    x = vmax(x, __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
-    return x[0];
-}
-
-static inline float hsum(vf x) {
-    x += __builtin_shuffle(x, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    x += __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    x += __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    x += __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-    return x[0];
-}
-
-/* 2^x for x <= 0: x = k + f with k an integer and |f| <= 1/2, 2^f by its Taylor polynomial of degree 7 (error
- * below 1e-8, so ~1 ulp from the fp32 arithmetic); below -126 it gives 2^-126 (about 1e-38) rather than 0 and NaN
- * stays NaN. */
-static inline vf exp2_neg(vf x) {
-    x = pick(x < splat(-126.0f), splat(-126.0f), x);
-    vf t = x + 12582912.0f;                                    /* 1.5 * 2^23: rounds x to an integer k */
-    vf f = x - (t - 12582912.0f);
-    vf p = splat(1.5252733804e-5f);
-    p = p * f + 1.5403530393e-4f;
-    p = p * f + 1.3333558146e-3f;
-    p = p * f + 9.6181291076e-3f;
-    p = p * f + 5.5504108665e-2f;
-    p = p * f + 2.4022650696e-1f;
-    p = p * f + 6.9314718056e-1f;
-    p = p * f + 1.0f;
-    return p * (vf)((((vi)t) - 0x4B400000 + 127) << 23);
 }
 
 static inline float exp2_neg1(float x) { return exp2_neg(splat(x))[0]; }
@@ -154,7 +114,7 @@ static inline float exp2_neg1(float x) { return exp2_neg(splat(x))[0]; }
 /* Online softmax over one row's visible scores s[0:n] (the rest of the row becomes 0): updates the running max m
  * and sum l and returns the factor the row's output accumulator is to be multiplied by. */
 static inline float softmax_row(vf *s, int n, float *m, float *l) {
-    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const vi lane = LANES;
     const int nv = (n + VL - 1) / VL;
     vf mx = splat(*m), sum = {0};
     for (int c = 0; c < nv; c++) s[c] = pick(lane + c * VL < n, s[c], splat(-INFINITY));
@@ -245,7 +205,7 @@ static void run_job(const struct attention_args *a, const struct packed *p, int6
     int64_t heads = a->batch * a->hq, bh = job % heads, qb = blocks - 1 - job / heads;   /* longest first */
     int64_t b = bh / a->hq, h = bh % a->hq, g = h / (a->hq / a->hk);
     const float *kt = p->kt + (b * a->hk + g) * a->dk * p->sp, *vp = p->vp + (b * a->hk + g) * p->sp * p->dvp;
-    float qs[ROWS * 256];
+    float qs[ROWS * MAX_DV];
     struct row_state st;
     for (int64_t i0 = qb * BQ; i0 < (qb + 1) * BQ && i0 < a->lq; i0 += ROWS) {
         int rows = a->lq - i0 < ROWS ? (int)(a->lq - i0) : ROWS;
@@ -261,7 +221,7 @@ static void run_job(const struct attention_args *a, const struct packed *p, int6
 
 /* Returns 0, or -1 when the head dims are too large or memory ran out (the caller uses torch's kernel). */
 int da_attention(const struct attention_args *a) {
-    if (a->dk > 256 || a->dv > MAX_DV_VECTORS * VL || a->hk <= 0 || a->hq % a->hk != 0) return -1;
+    if (a->dk > MAX_DV || a->dv > MAX_DV || a->hk <= 0 || a->hq % a->hk != 0) return -1;
     struct packed p = {0};
     if (pack(a, &p) != 0) {
         free(p.kt);

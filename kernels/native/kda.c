@@ -26,14 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VL 16                       /* fp32 lanes of one vector */
-#define MAX_NV 8                    /* vectors of state columns per job (128 columns) */
+#include "simd.h"
+
+#define MAX_NV (128 / VL)           /* vectors of state columns per job (128 columns) */
 #define LAZY_MIN_DECAY 1e-18f       /* smallest cumulative decay kept out of the tile */
 #define PASS_NV 2                   /* vectors of columns per pass over the tile rows (registers: 3 per vector) */
 #define PREFETCH_STEPS 4            /* steps ahead whose inputs are requested */
 #define PARALLEL_MIN_WORK (1 << 20) /* state elements x steps below which one thread does all the jobs */
 
-typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 
 struct kda_args {
     const float *q, *k, *e, *v, *beta;
@@ -165,11 +165,17 @@ static void run_job(const struct kda_args *a, int64_t bh, int64_t col, int width
     case 1: run_tile(a, b, h, col, width, 1, tile, r); break;
     case 2: run_tile(a, b, h, col, width, 2, tile, r); break;
     case 4: run_tile(a, b, h, col, width, 4, tile, r); break;
+#if MAX_NV > 8
+    case 8: run_tile(a, b, h, col, width, 8, tile, r); break;
+#endif
+#if MAX_NV > 16
+    case 16: run_tile(a, b, h, col, width, 16, tile, r); break;
+#endif
     default: run_tile(a, b, h, col, width, MAX_NV, tile, r); break;
     }
 }
 
-/* Vectors of columns per tile: the fewest of 1, 2, 4, MAX_NV that hold dv, else MAX_NV. */
+/* Vectors of columns per tile: the fewest power of two up to MAX_NV that holds dv, else MAX_NV. */
 static int tile_vectors(int64_t dv) {
     int nv = 1;
     while (nv < MAX_NV && (int64_t)nv * VL < dv) nv *= 2;

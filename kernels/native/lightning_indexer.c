@@ -19,20 +19,26 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "simd.h"
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
 
-#define VL 16      /* fp32 lanes of one vector */
-#define KB_MAX 8   /* keys per micro-kernel call (8 with one 16-head vector, else 4) */
-#define MAX_NB 4   /* 16-head vectors per micro-kernel call: at most 4 x 4 accumulators */
-#define CHUNK 512  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
-                      sleep takes fewer), a multiple of KB_MAX */
-
-enum { F32 = 0, BF16 = 1, F16 = 2 };
-
-typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t)), aligned(4)));
+/* Register tiles (keys x head vectors): the accumulators, the query vectors and a broadcast key value must fit
+ * the level's registers. One head vector (at most VL heads) takes KB_ONE keys; more take KB_MANY keys against up
+ * to MAX_NB vectors (32 registers: 4 x 4 + 4; 16 registers: 6 x 2 + 2). */
+#define KB_ONE 8
+#if NREG >= 32
+#define KB_MANY 4
+#define MAX_NB 4
+#else
+#define KB_MANY 6
+#define MAX_NB 2
+#endif
+#define KB_MAX 8
+#define CHUNK 504  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
+                      sleep takes fewer), a multiple of KB_ONE and KB_MANY */
 
 int li_has_f16(void) {
 #ifdef __FLT16_MANT_DIG__
@@ -67,38 +73,13 @@ static const char *key_row(const struct keys *k, int64_t s) {
     return k->base + offset * (int64_t)item;
 }
 
-static void row_to_f32(float *restrict dst, const char *src, int dtype, int64_t d) {
-    if (dtype == F32) {
-        memcpy(dst, src, (size_t)d * sizeof(float));
-    } else if (dtype == BF16) {
-        const uint16_t *restrict s = (const uint16_t *)src;
-#pragma omp simd
-        for (int64_t i = 0; i < d; i++) {
-            uint32_t u = (uint32_t)s[i] << 16;
-            memcpy(&dst[i], &u, sizeof u);
-        }
-    } else {
-#ifdef __FLT16_MANT_DIG__
-        const _Float16 *restrict s = (const _Float16 *)src;
-#pragma omp simd
-        for (int64_t i = 0; i < d; i++) dst[i] = (float)s[i];
-#endif
-    }
-}
-
 static float weighted_relu_sum(const vf *acc, const float *w, int nb) {
     vf total = {0};
-    for (int j = 0; j < nb; j++) {
-        vf a = acc[j], zero = {0};
-        vf relu = (vf)((vi)a & (a > zero));
-        total += relu * *(const vf *)(w + j * VL);
-    }
-    float sum = 0.f;
-    for (int i = 0; i < VL; i++) sum += total[i];
-    return sum;
+    for (int j = 0; j < nb; j++) total += relu(acc[j]) * vload(w + j * VL);
+    return hsum(total);
 }
 
-/* fp32 micro-kernel: kb keys (fp32 rows kf[k][0:d]) against nb 16-head vectors of qt [d][h] from head hb.
+/* fp32 micro-kernel: kb keys (fp32 rows kf[k][0:d]) against nb VL-head vectors of qt [d][h] from head hb.
  * Always inlined with constant kb and nb, so that the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void block_f32(const float *const *kf, const float *qt,
                                                             const float *w, int64_t d, int64_t h, int64_t hb,
@@ -107,7 +88,7 @@ static inline __attribute__((always_inline)) void block_f32(const float *const *
     for (int64_t i = 0; i < d; i++) {
         const float *qrow = qt + i * h + hb;
         vf qv[MAX_NB];
-        for (int j = 0; j < nb; j++) qv[j] = *(const vf *)(qrow + j * VL);
+        for (int j = 0; j < nb; j++) qv[j] = vload(qrow + j * VL);
         for (int k = 0; k < kb; k++) {
             float kv = kf[k][i];
             for (int j = 0; j < nb; j++) acc[k][j] += qv[j] * kv;
@@ -170,10 +151,10 @@ static void key_rows(const struct keys *k, int64_t s0, int kb, int64_t n, const 
 #endif
 
 /* Scores of keys [start, end) into score[start:end], kf a buffer of KB_MAX fp32 rows (unused with qp). One
- * 16-head vector takes blocks of 8 keys (8 independent accumulators), more vectors 4 keys (up to 16). */
+ * head vector takes blocks of KB_ONE keys, more vectors KB_MANY keys (see the register tiles above). */
 static void score_range(const struct keys *k, const float *qt, const uint32_t *qp, const float *w, int64_t d,
                         int64_t h, int64_t start, int64_t end, int64_t n, float *kf, float *score) {
-    int kb = h == VL ? KB_MAX : KB_MAX / 2;
+    int kb = h == VL ? KB_ONE : KB_MANY;
     for (int64_t s0 = start; s0 < end; s0 += kb) {
         const char *rows[KB_MAX];
         key_rows(k, s0, kb, n, rows);
@@ -189,11 +170,15 @@ static void score_range(const struct keys *k, const float *qt, const uint32_t *q
         float out[KB_MAX] = {0};
         for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
             int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
-            if (kb == KB_MAX) SCORE_BLOCK(KB_MAX, 1);
-            else if (nb == 1) SCORE_BLOCK(KB_MAX / 2, 1);
-            else if (nb == 2) SCORE_BLOCK(KB_MAX / 2, 2);
-            else if (nb == 3) SCORE_BLOCK(KB_MAX / 2, 3);
-            else SCORE_BLOCK(KB_MAX / 2, 4);
+            if (kb == KB_ONE) SCORE_BLOCK(KB_ONE, 1);
+            else if (nb == 1) SCORE_BLOCK(KB_MANY, 1);
+#if MAX_NB == 4
+            else if (nb == 2) SCORE_BLOCK(KB_MANY, 2);
+            else if (nb == 3) SCORE_BLOCK(KB_MANY, 3);
+            else SCORE_BLOCK(KB_MANY, 4);
+#else
+            else SCORE_BLOCK(KB_MANY, 2);
+#endif
         }
         for (int i = 0; i < kb && s0 + i < end; i++) score[s0 + i] = out[i];
     }

@@ -8,11 +8,12 @@
  * dtypes converted to fp32 into a per-thread buffer) is scored for all heads and folded into a running
  * (max, sum, out) with an online softmax. A token's rows are
  * split across the OpenMP threads when there are fewer tokens than threads; the partial results are merged.
- * Heads are padded to a multiple of 16 and head dims to a multiple of 16 in the buffers (zeros), so that the
- * micro-kernels work on whole vectors: logits hold 16 heads of one row per vector (query transposed), the
- * weighted sum 16 heads x 16 dims in registers over the chunk's rows; with at most 8 heads the fp32
- * micro-kernels and the softmax work on 8 (half the work of padding them to 16). fp16 rows need the compiler's _Float16
- * (sfa_has_f16); the bf16 mode needs AVX512-BF16 (sfa_has_bf16_dot); the caller checks both.
+ * Heads and head dims are padded to a multiple of the level's vector width VL (simd.h) in the buffers (zeros), so
+ * that the micro-kernels work on whole vectors: logits hold VL heads of one row per vector (query transposed),
+ * the weighted sum VL heads x VL dims in registers over the chunk's rows; with 16 lanes and at most 8 heads the
+ * fp32 micro-kernels and the softmax work on 8 (half the work of padding them to 16). fp16 rows need F16C or
+ * the compiler's _Float16 (sfa_has_f16); the bf16 mode needs AVX512-BF16 (sfa_has_bf16_dot); the caller checks
+ * both.
  */
 #include <math.h>
 #include <omp.h>
@@ -20,13 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VL 16          /* fp32 lanes of one vector */
+#include "simd.h"
+
 #define CHUNK 32       /* rows converted and scored together */
 #define RB 8           /* rows per logit micro-kernel */
-
-enum { F32 = 0, BF16 = 1, F16 = 2 };
-
-typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 
 int sfa_has_f16(void) {
 #ifdef __FLT16_MANT_DIG__
@@ -57,29 +55,14 @@ static float *scratch(int slot, size_t floats) {
 
 /* n values of type `dtype` at src to fp32 at dst, zero-filled up to n_pad. */
 static void to_f32(float *restrict dst, const void *src, int dtype, int64_t n, int64_t n_pad) {
-    if (dtype == BF16) {
-        const uint16_t *restrict s = src;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            union { uint32_t u; float f; } c = { .u = (uint32_t)s[i] << 16 };
-            dst[i] = c.f;
-        }
-    } else if (dtype == F16) {
-#ifdef __FLT16_MANT_DIG__
-        const _Float16 *restrict s = src;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
-#endif
-    } else {
-        memcpy(dst, src, n * sizeof(float));
-    }
+    row_to_f32(dst, src, dtype, n);
     for (int64_t i = n; i < n_pad; i++) dst[i] = 0.0f;
 }
 
 static int elem_size(int dtype) { return dtype == F32 ? 4 : 2; }
 
 static void prefetch_row(const char *row, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 0);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
 }
 
 /* exp(x) for x <= 0 to ~2 ulp; below -87 it returns about 1e-38 rather than 0. */
@@ -102,7 +85,7 @@ static inline float exp_neg(float x) {
 
 struct shape {
     int64_t H, Hp, DL, DLp, DR, DRp;
-    int64_t Ha;         /* heads the fp32 micro-kernels and the softmax work on: 8 when H <= 8, else Hp */
+    int64_t Ha;         /* heads the fp32 micro-kernels and the softmax work on: 8 when H <= 8 < VL, else Hp */
     float scale;
     int bf16;           /* bf16 dot products straight from the stored rows (see the AVX512-BF16 section) */
 };
@@ -114,10 +97,9 @@ struct source {
 };
 
 typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float vf_unaligned __attribute__((vector_size(VL * sizeof(float)), aligned(4)));   /* stored rows */
 
 /* The logits micro-kernel for one head block: RB rows (pointers; past n the last row again) against W heads of
- * the transposed query (W = 16: vf, 8: vf8), into s[r][hb .. hb+W). */
+ * the transposed query (W = VL: vf, 8: vf8), into s[r][hb .. hb+W). */
 #define LOGITS_BLOCK(T, W)                                                                            \
     do {                                                                                               \
         T acc[RB] = {0};                                                                               \
@@ -151,13 +133,13 @@ static void logits(const struct shape *sh, const float *const *krow, const float
     }
 }
 
-/* acc[h][DLp] += sum_{r<n} p[r][h] * vrow[r] for a block of W heads from h0, W heads x 16 lanes in registers. */
+/* acc[h][DLp] += sum_{r<n} p[r][h] * vrow[r] for a block of W heads from h0, W heads x VL lanes in registers. */
 #define VALUES_BLOCK(W)                                                                               \
     for (int64_t d = 0; d < sh->DLp; d += VL) {                                                        \
         vf a[W];                                                                                       \
         _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) a[i] = *(vf *)(acc + (h0 + i) * sh->DLp + d); \
         for (int64_t r = 0; r < n; r++) {                                                              \
-            vf v = *(const vf_unaligned *)(vrow[r] + d);                                               \
+            vf v = vload(vrow[r] + d);                                               \
             const float *pr = p + r * sh->Hp + h0;                                                     \
             _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) a[i] += pr[i] * v;                    \
         }                                                                                              \
@@ -528,7 +510,8 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
     int bf16 = sfa_has_bf16_dot() && bf16_dot && kv_dtype == BF16 && DL % VL == 0 && DR % 2 == 0
                && (!rope || rope_dtype == BF16);
     int64_t Hp = round_up(H, VL);
-    struct shape sh = { H, Hp, DL, round_up(DL, VL), DR, round_up(DR, VL), H <= 8 && !bf16 ? 8 : Hp, scale, bf16 };
+    struct shape sh = { H, Hp, DL, round_up(DL, VL), DR, round_up(DR, VL), VL > 8 && H <= 8 && !bf16 ? 8 : Hp, scale,
+                          bf16 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
     struct selection sel = { idx, table, idx_stride, K, block, block_size, lq, lkv, causal };

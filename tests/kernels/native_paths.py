@@ -1,24 +1,62 @@
-"""A `path` fixture for ops with a native kernel: the test runs once through the native kernel (skipped where it
-cannot be built) and once through the torch path (ASCEND_DSA_NATIVE=0); `refuse`, which makes a path raise so a
-test shows that the other one did the work."""
+"""Fixtures for ops with a native kernel. `native_and_torch(source)` makes a `path` fixture: the test runs through
+the native kernel once per instruction-set level this CPU can execute (kernels/cpu_isa.py; skipped where the
+kernel cannot be built) and once through the torch path (ASCEND_DSA_NATIVE=0). `isa_level` runs a test once per
+level; `at_each_level` loops over the levels inside one test (for tests whose reference is costly); `refuse`
+makes a path raise so a test shows that the other one did the work."""
+import contextlib
+import os
+from collections.abc import Iterator
+
 import pytest
 
-from npu_graph.kernels import native
+from npu_graph.kernels import cpu_isa, native
+
+LEVELS = cpu_isa.supported()
 
 
 def native_and_torch(source: str):
-    """The `path` fixture for kernels/native/<source>.c; its value is "native" or "torch"."""
+    """The `path` fixture for kernels/native/<source>.c; its value is "native" (at each level) or "torch"."""
     loaded, why = native.available(source)
 
-    @pytest.fixture(params=["native", "torch"])
+    @pytest.fixture(params=["torch", *(f"native-{level}" for level in LEVELS)])
     def path(request, monkeypatch):
         if request.param == "torch":
             monkeypatch.setenv(native.ENV_SWITCH, "0")
-        elif not loaded:
+            return "torch"
+        if not loaded:
             pytest.skip(f"native kernel not available: {why}")
-        return request.param
+        monkeypatch.setenv(cpu_isa.ENV_ISA, request.param.removeprefix("native-"))
+        return "native"
 
     return path
+
+
+@pytest.fixture(params=LEVELS)
+def isa_level(request, monkeypatch) -> str:
+    """Runs the test once per instruction-set level this CPU can execute (ASCEND_DSA_CPU_ISA set to it)."""
+    monkeypatch.setenv(cpu_isa.ENV_ISA, request.param)
+    return request.param
+
+
+@contextlib.contextmanager
+def forced_level(level: str) -> Iterator[None]:
+    """ASCEND_DSA_CPU_ISA=level inside, restored afterwards."""
+    before = os.environ.get(cpu_isa.ENV_ISA)
+    os.environ[cpu_isa.ENV_ISA] = level
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[cpu_isa.ENV_ISA]
+        else:
+            os.environ[cpu_isa.ENV_ISA] = before
+
+
+def at_each_level() -> Iterator[str]:
+    """Yields each level this CPU can execute with ASCEND_DSA_CPU_ISA set to it for the loop body."""
+    for level in LEVELS:
+        with forced_level(level):
+            yield level
 
 
 def refuse(monkeypatch, owner: object, *names: str, said: str) -> None:

@@ -39,7 +39,7 @@ def assert_matches_reference(blocks, partial, queries, weight, eps=1e-6, tol=Non
 @pytest.mark.parametrize(("direct_rows", "native_on"), [(0, True), (1 << 30, True), (1 << 30, False)],
                          ids=["two_phase", "direct_native", "direct_torch"])
 def test_fast_matches_reference(n, b, t, d, s, with_partial, with_weight, dtype, direct_rows, native_on,
-                                monkeypatch):
+                                isa_level, monkeypatch):
     if not native_on:
         monkeypatch.setenv(native.ENV_SWITCH, "0")
     if n == 0 and not with_partial:

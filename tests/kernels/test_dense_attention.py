@@ -10,6 +10,7 @@ from npu_graph.kernels import dense_attention, native
 
 LOADED, WHY = native.available(dense_attention.NATIVE_SOURCE)
 needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+pytestmark = pytest.mark.usefixtures("isa_level")
 aten_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 

@@ -1,10 +1,11 @@
 """ascend_dsa::lightning_indexer decode rows through the native scoring kernel (kernels/native/lightning_indexer.c)
-with bf16 dot products and with its fp32 micro-kernel, and through the torch path (ASCEND_DSA_NATIVE=0), all
-against the fp32 reference: BSND and paged keys, fp32/bf16/fp16, head counts that are not multiples of 16,
-causal and plain masks, fewer visible keys than sparse_count, sequence lengths; the raw scores against brute
-force."""
+at every instruction-set level this CPU can execute (bf16 dot products at avx512_bf16, the fp32 micro-kernel
+below it), and through the torch path (ASCEND_DSA_NATIVE=0), all against the fp32 reference: BSND and paged keys,
+fp32/bf16/fp16, head counts that are not multiples of the vector width, causal and plain masks, fewer visible keys
+than sparse_count, sequence lengths; the raw scores against brute force."""
 import pytest
 import torch
+from native_paths import native_and_torch
 from test_lightning_indexer import assert_same_topk, make_inputs, scores_of, to_paged
 
 from npu_graph.kernels import lightning_indexer as li
@@ -13,20 +14,7 @@ from npu_graph.kernels import native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
 LOADED, WHY = native.available(li_native.NATIVE_SOURCE)
-HAS_BF16_DOT = LOADED and bool(native.load(li_native.NATIVE_SOURCE).lib.li_has_bf16_dot())
-
-
-@pytest.fixture(params=["bf16_dot", "fp32_dot", "torch"])
-def path(request, monkeypatch):
-    """Runs the test with each native micro-kernel (skipped where it cannot run) and with the torch path."""
-    if request.param == "torch":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    elif not LOADED:
-        pytest.skip(f"native kernel not available: {WHY}")
-    elif request.param == "bf16_dot" and not HAS_BF16_DOT:
-        pytest.skip("this CPU has no bf16 dot products (AVX512-BF16)")
-    monkeypatch.setattr(li_native, "FORCE_FP32_DOT", request.param == "fp32_dot")
-    return request.param
+path = native_and_torch(li_native.NATIVE_SOURCE)
 
 
 def check_path(path, q, key, table=None):
@@ -68,10 +56,8 @@ def test_paged_keys_with_lengths(dtype, block_size, path):
 @pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n1", [1, 16, 33, 64])
-@pytest.mark.parametrize("fp32_dot", [False, True], ids=["bf16_dot_if_any", "fp32_dot"])
-def test_scores_equal_brute_force(dtype, n1, fp32_dot, monkeypatch):
+def test_scores_equal_brute_force(dtype, n1, isa_level):
     """The kernel's scores themselves, every key: fp32 sums of exact products, so fp32 rounding apart."""
-    monkeypatch.setattr(li_native, "FORCE_FP32_DOT", fp32_dot)
     q, key, w = make_inputs(1, 1, n1, 64, 777, dtype, seed=n1)
     score = li_native.row_scorer(q, key, None)(0, 777, q[0, 0], w[0, 0])
     torch.testing.assert_close(score, scores_of(q, key, w)[0, 0], rtol=1e-5, atol=1e-4)

@@ -11,7 +11,8 @@ from npu_graph.kernels.chunk_kda import reference_chunk_kda
 
 OP = torch.ops.ascend_dsa.chunk_kda
 LOADED, WHY = native.available(chunk_kda_native.NATIVE_SOURCE)
-pytestmark = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+pytestmark = [pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}"),
+              pytest.mark.usefixtures("isa_level")]
 
 
 def assert_matches_reference(inputs, s0=None, tol=1e-4, **kwargs):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_graph.kernels import native
+from npu_graph.kernels import cpu_isa, native
 
 SOURCE = "sparse_attention"
 
@@ -49,7 +49,7 @@ def test_built_once_then_reused(fresh, monkeypatch):
     first = native.load(SOURCE)
     assert first, first.reason
     path = Path(first.reason)
-    assert path.parent == fresh and path.exists() and path.name.startswith(SOURCE + "-")
+    assert path.parent == fresh and path.exists() and path.name.startswith(f"{SOURCE}-{cpu_isa.active()}-")
     assert [p.name for p in fresh.iterdir()] == [path.name]
     native._load.cache_clear()
 
@@ -60,13 +60,15 @@ def test_built_once_then_reused(fresh, monkeypatch):
     assert native.load(SOURCE).reason == str(path)
 
 
-def test_cache_key_follows_source_and_compiler(monkeypatch):
+def test_cache_key_follows_source_compiler_and_level(monkeypatch):
     cc = native.compiler() or "cc"
-    before = native.library_path(SOURCE, cc)
-    assert native.library_path(SOURCE, cc) == before
-    assert native.library_path(SOURCE, cc + "-other") != before
+    before = native.library_path(SOURCE, cc, "generic")
+    assert native.library_path(SOURCE, cc, "generic") == before
+    assert native.library_path(SOURCE, cc + "-other", "generic") != before
+    if cpu_isa.is_x86():
+        assert len({native.library_path(SOURCE, cc, level) for level in cpu_isa.LEVELS}) == len(cpu_isa.LEVELS)
     monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-DOTHER"))
-    assert native.library_path(SOURCE, cc) != before
+    assert native.library_path(SOURCE, cc, "generic") != before
 
 
 def test_cache_key_follows_the_headers(monkeypatch, tmp_path):
@@ -74,9 +76,9 @@ def test_cache_key_follows_the_headers(monkeypatch, tmp_path):
     (tmp_path / f"{SOURCE}.c").write_bytes((native.SOURCE_DIR / f"{SOURCE}.c").read_bytes())
     (tmp_path / "shared.h").write_text("#define X 1\n")
     monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
-    before = native.library_path(SOURCE, "cc")
+    before = native.library_path(SOURCE, "cc", "generic")
     (tmp_path / "shared.h").write_text("#define X 2\n")
-    assert native.library_path(SOURCE, "cc") != before
+    assert native.library_path(SOURCE, "cc", "generic") != before
 
 
 def test_cache_dir_from_environment(monkeypatch, tmp_path):

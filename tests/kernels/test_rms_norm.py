@@ -31,7 +31,7 @@ def assert_matches_reference(x, gamma, epsilon=1e-6):
                                                     ((70, 512), (512,))])
 @pytest.mark.parametrize(("few_rows_elems", "native_on"), [(0, True), (1 << 30, True), (1 << 30, False)],
                          ids=["blocked", "few_rows_native", "few_rows_torch"])
-def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, native_on, monkeypatch):
+def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, native_on, isa_level, monkeypatch):
     monkeypatch.setattr(rms_module, "FEW_ROWS_ELEMS", few_rows_elems)
     if not native_on:
         monkeypatch.setenv(native.ENV_SWITCH, "0")
@@ -54,7 +54,7 @@ def test_bf16_input_with_fp32_gamma_and_a_larger_epsilon():
 
 @pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_edge_values(dtype, native_on, monkeypatch):
+def test_edge_values(dtype, native_on, isa_level, monkeypatch):
     if not native_on:
         monkeypatch.setenv(native.ENV_SWITCH, "0")
     big = 1e30 if dtype == torch.float32 else 6e4

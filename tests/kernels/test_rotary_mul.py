@@ -127,7 +127,7 @@ def test_compiles_with_fake_shapes():
     assert torch.equal(fn(x, r1, r2), OPS.rotary_mul(x, r1, r2, rotary_mode="interleave"))
 
 
-def test_few_fp32_rows_take_the_native_kernel_bit_for_bit():
+def test_few_fp32_rows_take_the_native_kernel_bit_for_bit(isa_level):
     """Decode-sized fp32 rows (a transposed layout, angles broadcast over heads) go to the native kernel, whose
     result equals the unfused form's."""
     loaded, why = native.available(rotary_module.NATIVE_SOURCE)

@@ -10,6 +10,7 @@ from npu_graph.kernels import native, skinny_mm
 
 LOADED, WHY = native.available(skinny_mm.NATIVE_SOURCE)
 needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+pytestmark = pytest.mark.usefixtures("isa_level")
 
 
 def assert_within_fp32_summation_bound(out, x, w):

@@ -37,7 +37,9 @@ def check_indexer(results: list[dict], layout: tuple[int, int]) -> None:
     for rank in _ranks(results, layout):
         got_indices, got_values = rank["indexer"]
         assert torch.equal(got_indices, indices)
-        torch.testing.assert_close(got_values, values, rtol=1e-6, atol=1e-6)
+        # A rank scores a few rows (the native per-row kernel), the whole run many (the batched torch path): the
+        # same fp32 products summed in another order, within a few fp32 ulps of the scores' magnitude.
+        torch.testing.assert_close(got_values, values, rtol=1e-5, atol=1e-5)
 
 
 def check_attention(results: list[dict], layout: tuple[int, int]) -> None:

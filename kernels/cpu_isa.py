@@ -1,0 +1,105 @@
+"""Which x86 instruction-set level the native kernels run at: detection, and forcing a lower level.
+
+The native kernels (kernels/native/*.c) are built once per level, each with its own compiler flags, and the
+library of the active level is loaded (kernels/native.py). Like oneDNN (`ONEDNN_MAX_CPU_ISA`) and PyTorch
+(`ATEN_CPU_CAPABILITY`), the level is detected at run time and can be forced lower with
+ASCEND_DSA_CPU_ISA=generic|avx2|avx512|avx512_bf16, so that every level's code is built, tested and
+benchmarked on any machine that can execute it. A level the CPU lacks, or a name that is not a level, is a
+clear error (IsaError) at the first native call.
+
+Levels, lowest first (each includes the ones before it):
+- generic: portable C, vectorised by the compiler for the architecture's baseline (SSE2 on x86-64, NEON on
+  aarch64). The only level on other architectures.
+- avx2: x86-64-v3 (AVX2, FMA, F16C, BMI1/2): 8 fp32 lanes, 16 vector registers.
+- avx512: x86-64-v4 (AVX-512 F, BW, CD, DQ, VL): 16 fp32 lanes, 32 vector registers.
+- avx512_bf16: avx512 plus AVX512-BF16 (bf16 dot products).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+
+LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")
+ENV_ISA = "ASCEND_DSA_CPU_ISA"
+
+# /proc/cpuinfo flags each level needs (the kernel lists a flag only when the OS saves the registers too).
+_REQUIRED = {
+    "avx2": {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"},
+    "avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "avx512_bf16": {"avx512_bf16"},
+}
+# torch's own detection, for x86 machines without /proc/cpuinfo (it says nothing about bf16).
+_TORCH_CAPABILITY = {"AVX2": "avx2", "AVX512": "avx512"}
+
+
+class IsaError(ValueError):
+    """ASCEND_DSA_CPU_ISA names no level, or one this CPU cannot execute."""
+
+
+def is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def _levels_from_flags(flags: set[str]) -> tuple[str, ...]:
+    levels, needed = ["generic"], set()
+    for level in LEVELS[1:]:
+        needed |= _REQUIRED[level]
+        if not needed <= flags:
+            break
+        levels.append(level)
+    return tuple(levels)
+
+
+@functools.cache
+def supported() -> tuple[str, ...]:
+    """The levels this CPU can execute, lowest first ("generic" always)."""
+    if not is_x86():
+        return ("generic",)
+    flags = _cpuinfo_flags()
+    if flags is not None:
+        return _levels_from_flags(flags)
+    import torch
+
+    best = _TORCH_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), "generic")
+    return LEVELS[: LEVELS.index(best) + 1]
+
+
+def best() -> str:
+    """The highest level this CPU can execute."""
+    return supported()[-1]
+
+
+def active() -> str:
+    """The level the native kernels run at: ASCEND_DSA_CPU_ISA when set (checked), else `best()`. Read at every
+    call, so the level can be forced at any time."""
+    forced = os.environ.get(ENV_ISA)
+    if not forced:
+        return best()
+    return check_level(forced)
+
+
+def check_level(name: str) -> str:
+    """`name` as a level this CPU can execute, else IsaError saying what can be used."""
+    level = name.strip().lower()
+    if level not in LEVELS:
+        raise IsaError(f"{ENV_ISA}={name!r} is not an instruction-set level; use one of {list(LEVELS)}")
+    if level not in supported():
+        missing = set().union(*(_REQUIRED[lv] for lv in LEVELS[1:LEVELS.index(level) + 1]))
+        have = _cpuinfo_flags() or set()
+        raise IsaError(f"{ENV_ISA}={name!r}: this CPU ({platform.machine()}) cannot execute {level} code "
+                       f"(missing: {', '.join(sorted(missing - have)) or 'an x86 CPU'}); the levels it can run are "
+                       f"{list(supported())}")
+    return level
