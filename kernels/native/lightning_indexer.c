@@ -37,6 +37,7 @@
 #define MAX_NB 2
 #endif
 #define KB_MAX 8
+#define PF_KEYS 96  /* keys ahead whose rows are prefetched (caches cold after other work: ~3%) */
 #define CHUNK 504  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
                       sleep takes fewer), a multiple of KB_ONE and KB_MANY */
 
@@ -158,6 +159,13 @@ static void score_range(const struct keys *k, const float *qt, const uint32_t *q
     for (int64_t s0 = start; s0 < end; s0 += kb) {
         const char *rows[KB_MAX];
         key_rows(k, s0, kb, n, rows);
+        if (s0 + PF_KEYS < end) {
+            const char *ahead[KB_MAX];
+            key_rows(k, s0 + PF_KEYS, kb, n, ahead);
+            size_t bytes = (size_t)d * (k->dtype == F32 ? 4 : 2);
+            for (int i = 0; i < kb; i++)
+                for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(ahead[i] + off, 0, 3);
+        }
         const float *kf_rows[KB_MAX];
         for (int i = 0; !qp && i < kb; i++) {
             if (k->dtype == F32) {
