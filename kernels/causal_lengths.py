@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels import native
-from npu_graph.kernels.checks import FusedPreconditionError, require_rank
+from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank
 
 _ADDITIVE_MASKED = -1e30      # also in native/causal_lengths.c
 NATIVE_SOURCE = "causal_lengths"
@@ -79,11 +79,23 @@ def reference_causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tens
     return torch.tensor(lengths_q, dtype=torch.int32), torch.tensor(lengths_k, dtype=torch.int32)
 
 
+INT32_MAX = 2 ** 31 - 1
+
+
+def _check_sizes(mask: Tensor) -> None:
+    """The lengths are int32 (as the fused operators take them): a mask whose rows or keys do not fit is refused
+    before anything is counted (an expanded mask can be that large without the memory)."""
+    require_rank("causal_lengths", "mask", mask, 3)
+    for name, size in (("queries (dim 1)", mask.shape[1]), ("keys (dim 2)", mask.shape[2])):
+        require(size <= INT32_MAX, f"causal_lengths: the mask has {size} {name}; the int32 sequence lengths hold "
+                                   f"at most {INT32_MAX}")
+
+
 @torch.library.custom_op("ascend_dsa::causal_lengths", mutates_args=())
 def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor]:
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
     actual_seq_lengths_key), int32 [B]. Raises ValueError when the mask is not right-down causal."""
-    require_rank("causal_lengths", "mask", mask, 3)
+    _check_sizes(mask)
     lengths_k = _native_lengths(mask, additive)
     if lengths_k is not None:
         return torch.full((mask.shape[0],), mask.shape[1], dtype=torch.int32), lengths_k
@@ -103,5 +115,7 @@ def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor
 @causal_lengths.register_fake
 def _causal_lengths_fake(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor]:
     require_rank("causal_lengths", "mask", mask, 3)
+    if all(isinstance(size, int) for size in mask.shape):
+        _check_sizes(mask)
     batch = mask.shape[0]
     return mask.new_empty((batch,), dtype=torch.int32), mask.new_empty((batch,), dtype=torch.int32)

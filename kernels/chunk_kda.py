@@ -1,6 +1,7 @@
 """`ascend_dsa::chunk_kda` — Kimi Delta Attention (KDA), the gated delta rule with per-channel decay.
 
-Layout follows fla's `chunk_kda`: q, k [B,T,H,K], v [B,T,H,V], g [B,T,H,K] (log-space decay, <= 0),
+Layout follows fla's `chunk_kda`: q, k [B,T,H,K], v [B,T,H,V], g [B,T,H,K] (log-space decay, <= 0; -inf resets
+the state; a positive g is refused),
 beta [B,T,H], initial_state [B,H,K,V] fp32. Per head and step t (S is [K,V]):
 
     S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T
@@ -25,6 +26,10 @@ All of it except the two state GEMMs is computed for all chunks and heads at onc
 carries the state. The pairwise decays exp(G_r - G_j) are never formed as a [C,C,K] tensor: they are
 split as exp(G_r - G_m) * exp(G_m - G_j) around a reference step m and contracted with GEMMs, where m is
 chosen so that no factor leaves the normal fp32 range (see `_decayed_gram`), so any g <= 0 is safe.
+
+Non-finite values: an inf or NaN in q, k, v, beta, g or the initial state at step t makes the outputs (and the
+state) from step t on non-finite and leaves every earlier output as it would be; all CPU paths and the
+definition agree (inputs that are not all finite take the step recurrence instead of the chunked form).
 
 `chunk_size` (a power of two) changes speed, not results; T need not be a multiple of it. Without the native
 library, sequences of at most RECURRENT_MAX_T steps (decode) run the recurrence step by step in torch instead
@@ -275,6 +280,23 @@ def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     return o.view(n, b, h, c, dv).permute(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t_len], final
 
 
+def _checked_log_decay(g: torch.Tensor) -> torch.Tensor:
+    """g in fp32, floored at _FLOOR_EXPONENT (so -inf, a full reset, is e**-80: zero at fp32 precision in every
+    path); a positive log decay (a state that grows) is refused."""
+    g = g.float()
+    if bool((g > 0).any()):
+        where = [int(i) for i in (g > 0).nonzero()[0]]
+        raise ValueError(f"{OP}: `g` is a log decay and must be <= 0 (or -inf); g{where} = {float(g[tuple(where)])}")
+    return g.clamp(min=_FLOOR_EXPONENT)
+
+
+def _all_finite(*tensors: torch.Tensor) -> bool:
+    """Whether no input holds inf or NaN. The chunked form mixes the steps of a chunk in GEMMs, where a
+    non-finite value at one step times a zero coefficient reaches earlier steps (inf * 0 = NaN); the step
+    recurrence, like the native kernel and the definition, carries it only forward in time."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
 def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
                    chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,10 +306,11 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
         else initial_state.reshape(b * h, dk, dv)
     own_state = state if initial_state is None else state.to(torch.float32, copy=True).contiguous()
+    g = _checked_log_decay(g)
     native_fn = chunk_kda_native.kernel()
     if native_fn is not None:        # both update the state in place: never the caller's
-        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, _exp_decay(g.float()), beta, scale, own_state)
-    elif t_len <= RECURRENT_MAX_T:
+        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g.exp(), beta, scale, own_state)
+    elif t_len <= RECURRENT_MAX_T or not _all_finite(q, k, v, g, beta, state):
         o, final = _recurrent_steps(q, k, v, g, beta, scale, own_state)
     else:
         o, final = _chunked(q, k, v, g, beta, scale, state, chunk_size)

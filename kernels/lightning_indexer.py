@@ -69,6 +69,7 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2 ** 31 - 1     # the largest position the int32 `sparse_indices` hold
 KEY_CHUNK = 4096          # fewest keys per fp32 GEMM in the streamed path
 SCORE_BUDGET = 1 << 21    # elements of one [chunk, rows·N1] GEMM output: chunks grow to it (decode: few rows)
 PREFILTER_CHUNK = 16384   # keys per bf16 GEMM in the prefilter
@@ -140,6 +141,11 @@ def _check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_length
     batch, s1, n1, d = query.shape
     require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
     require_same(OP, "head dim D of `query` and `key`", d, key.shape[3])
+    require(n1 > 0 and d > 0, f"{OP}: `query` needs at least one head and a head dim > 0, got shape "
+                              f"{tuple(query.shape)} [B,S1,N1,D]")
+    positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
+    require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "
+                                    f"returns address at most {INT32_MAX}")
     require_same(OP, "shape of `weights` and [B,S1,N1] of `query`", tuple(weights.shape), (batch, s1, n1))
     _check_scale(query, query_scale, "query", "query_scale")
     _check_scale(key, key_scale, "key", "key_scale")
@@ -232,13 +238,14 @@ def _as_float(x: Tensor, name: str) -> Tensor:
 
 
 def linear(x: Tensor, w: Tensor, relu: bool = False) -> Tensor:
-    """x @ w.T, optionally through a ReLU, with fp32 accumulation. oneDNN's fused linear is used where it is
-    available (faster than the default GEMM for these skinny shapes on CPU, and bf16 inputs only round the
-    result); otherwise torch.nn.functional.linear."""
+    """x @ w.T, optionally through a ReLU that keeps NaN (module docstring), with fp32 accumulation. oneDNN's linear
+    is used where it is available (faster than the default GEMM for these skinny shapes on CPU, and bf16 inputs
+    only round the result); otherwise torch.nn.functional.linear."""
     if ONEDNN_LINEAR and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and ONEDNN_BF16)):
-        return torch.ops.mkldnn._linear_pointwise(x, w, None, "relu" if relu else "none", [], "")
-    out = torch.nn.functional.linear(x, w)
-    return out.relu_() if relu else out
+        out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    else:
+        out = torch.nn.functional.linear(x, w)
+    return out.relu_() if relu else out     # not oneDNN's fused ReLU, which turns NaN into 0 (torch.relu keeps it)
 
 
 class KeyReader:

@@ -45,17 +45,20 @@ def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], Callable[..., None]]:
     return nn, nt
 
 
-def _takes(x: Tensor, w: Tensor) -> bool:
+def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
+    """Whether the kernel reads these operands: w's dim `w_inner` is the reduced one (0: x @ w, 1: x @ w.T) and
+    must equal x's columns (else aten raises its own error); the kernel relies on every size checked here."""
     shape_x, shape_w = x.shape, w.shape
     return (x.dtype is _F32 and w.dtype is _F32 and len(shape_x) == 2 and len(shape_w) == 2
             and 0 < shape_x[0] <= MAX_ROWS and shape_x[1] > 0 and shape_w[0] > 0 and shape_w[1] > 0
+            and shape_x[1] == shape_w[w_inner]
             and x.stride(1) == 1 and w.stride(1) == 1 and x.is_cpu and w.is_cpu
             and not ((x.requires_grad or w.requires_grad) and torch.is_grad_enabled()))
 
 
 def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     """x @ w through the native kernel where it applies, else aten.mm."""
-    if _takes(x, w):
+    if _takes(x, w, 0):
         rows, inner = x.shape
         y = torch.empty(rows, w.shape[1], dtype=_F32, device="cpu")
         if kernel(x.data_ptr(), rows, inner, x.stride(0), w.data_ptr(), w.stride(0), w.shape[1], y.data_ptr()) == 0:
@@ -73,7 +76,7 @@ def mm(x: Tensor, w: Tensor) -> Tensor:
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T for x [M, K] and a linear layer's weight w [N, K] (F.linear without bias), through the native
     kernel where it applies, else F.linear."""
-    if _takes(x, w):
+    if _takes(x, w, 1):
         loaded = native.load(NATIVE_SOURCE)
         if loaded:
             y = torch.empty(x.shape[0], w.shape[0], dtype=_F32, device="cpu")

@@ -149,6 +149,8 @@ def _check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Ten
     batch, s1 = query.shape[:2]
     require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
     require_same(OP, "head dim Dl of `query` and `key`", query.shape[3], key.shape[3])
+    require(query.shape[3] > 0, f"{OP}: the head dim Dl of `query` and `key` must be > 0, got shape "
+                                f"{tuple(query.shape)}")
     require_same(OP, "shapes of `value` and `key`", tuple(value.shape), tuple(key.shape))
     require_same(OP, "leading dims of `sparse_indices` and [B,S1,1]", tuple(sparse_indices.shape[:3]),
                  (batch, s1, 1))
@@ -177,7 +179,7 @@ def _dense_rows(x: Tensor, scale: Tensor | None, block_table: Tensor | None, b: 
 
 
 def _reference_positions(indices: list[int], block: int, limit: int) -> list[int]:
-    return [p for i in indices if i >= 0 for p in range(i * block, (i + 1) * block) if p < limit]
+    return [p for i in indices if 0 <= i * block < limit for p in range(i * block, min((i + 1) * block, limit))]
 
 
 def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
@@ -242,15 +244,16 @@ def _readers(key: Tensor, value: Tensor, key_rope: Tensor | None, key_scale: Ten
 
 
 def _row_positions(indices: Tensor, block: int, limit: int) -> Tensor:
-    """Key positions [P] selected by one row of sparse_indices [K]: each index >= 0 stands for `block`
-    positions; positions >= limit are dropped."""
-    if block > 1:
-        positions = (indices.unsqueeze(1) * block + torch.arange(block)).flatten()
-        valid = (indices >= 0).repeat_interleave(block)
-    else:
-        positions, valid = indices, indices >= 0
-    valid &= positions < limit
-    return positions if bool(valid.all()) else positions[valid]
+    """Key positions [P] selected by one row of sparse_indices [K]: each index i >= 0 stands for positions
+    i·block .. i·block + block - 1; positions >= limit are dropped. Indices past the last visible block are
+    dropped before any product is formed, so no index or block size can overflow int64 or allocate more than
+    `limit` positions per index."""
+    visible_blocks = -(-limit // block)
+    kept = indices[(indices >= 0) & (indices < visible_blocks)]
+    if block == 1:
+        return kept
+    positions = (kept.unsqueeze(1) * block + torch.arange(min(block, limit))).flatten()
+    return positions[positions < limit]
 
 
 def _bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:

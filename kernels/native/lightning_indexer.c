@@ -238,10 +238,11 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
     return failed ? -1 : 0;
 }
 
-/* Order-preserving unsigned key of a float: larger floats give larger keys (NaN above +inf, as in torch.topk;
- * -0 and +0 equal). */
+/* Order-preserving unsigned key of a float: larger floats give larger keys, every NaN (whatever its sign bit) above
+ * +inf, as torch.topk ranks them; -0 and +0 equal. */
 static inline uint32_t order_key(float f) {
     uint32_t u;
+    if (f != f) return UINT32_MAX;
     f = f == 0.0f ? 0.0f : f;
     memcpy(&u, &f, sizeof u);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);

@@ -65,7 +65,8 @@ static inline vf pick(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | (
 
 static inline vf vmax(vf a, vf b) { return pick(a > b, a, b); }
 
-static inline vf relu(vf a) { return (vf)((vi)a & (a > (vf){0})); }
+/* max(a, 0) with NaN kept (as torch.relu): a NaN product must reach the score it belongs to. */
+static inline vf relu(vf a) { return (vf)((vi)a & ((a > (vf){0}) | (a != a))); }
 
 /* Lane-wise tree reductions: log2(VL) shuffles. */
 static inline float hsum(vf x) {

@@ -158,9 +158,10 @@ static void weighted_values(const struct shape *sh, const float *p, const float 
 }
 
 /* Online softmax step: s[r][h] (r < n) become exp(s - m_new); m, l and acc are rescaled to the new max. */
-static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, float *l, float *acc) {
+static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, float *l, float *acc,
+                         float *heads_tmp) {
     int64_t Hp = sh->Hp, Ha = sh->Ha;
-    float mc[Ha], corr[Ha], sum[Ha];
+    float *mc = heads_tmp, *corr = heads_tmp + Hp, *sum = heads_tmp + 2 * Hp;   /* heap: heads may be many */
     for (int64_t h = 0; h < Ha; h++) mc[h] = m[h];
     for (int64_t r = 0; r < n; r++)
 #pragma omp simd
@@ -214,13 +215,13 @@ static void chunk_rows(const char *base, int64_t stride, int dtype, int64_t d, i
  * sum. */
 static void chunk_f32(const struct shape *sh, const struct source *src, const float *qT, const float *qrT,
                       const int64_t *rows, int64_t n, float *kbuf, float *rbuf, float *vbuf, float *s, float *m,
-                      float *l, float *acc) {
+                      float *l, float *acc, float *heads_tmp) {
     const float *krow[CHUNK], *rrow[CHUNK], *vrow[CHUNK];
     chunk_rows(src->kv, src->kv_stride, src->kv_dtype, sh->DL, sh->DLp, rows, n, kbuf, krow);
     if (src->rope) chunk_rows(src->rope, src->rope_stride, src->rope_dtype, sh->DR, sh->DRp, rows, n, rbuf, rrow);
     if (src->value) chunk_rows(src->value, src->value_stride, src->kv_dtype, sh->DL, sh->DLp, rows, n, vbuf, vrow);
     logits(sh, krow, src->rope ? rrow : NULL, qT, qrT, n, s);
-    softmax_step(sh, s, n, m, l, acc);
+    softmax_step(sh, s, n, m, l, acc, heads_tmp);
     weighted_values(sh, s, src->value ? vrow : krow, n, acc);
 }
 
@@ -306,7 +307,7 @@ static void weighted_values_bf16(const struct shape *sh, const uint32_t *pb, con
 
 /* One chunk in bf16: row pointers, logits, online softmax step, weighted sum. */
 static void chunk_bf16(const struct shape *sh, const struct source *src, const uint32_t *qT, const int64_t *rows,
-                       int64_t n, float *s, uint32_t *pb, float *m, float *l, float *acc) {
+                       int64_t n, float *s, uint32_t *pb, float *m, float *l, float *acc, float *heads_tmp) {
     const uint16_t *krow[CHUNK], *rrow[CHUNK], *vrow[CHUNK];
     for (int64_t i = 0; i < n; i++) {
         krow[i] = (const uint16_t *)(src->kv + rows[i] * src->kv_stride);
@@ -314,7 +315,7 @@ static void chunk_bf16(const struct shape *sh, const struct source *src, const u
         vrow[i] = src->value ? (const uint16_t *)(src->value + rows[i] * src->value_stride) : krow[i];
     }
     logits_bf16(sh, krow, src->rope ? rrow : NULL, qT, qT + (sh->DL / 2) * sh->Hp, n, s);
-    softmax_step(sh, s, n, m, l, acc);
+    softmax_step(sh, s, n, m, l, acc, heads_tmp);
     pack_probs(sh, s, n, pb);
     weighted_values_bf16(sh, pb, vrow, n, acc);
 }
@@ -345,9 +346,12 @@ struct cursor { const int64_t *idx; int64_t j, k, end, limit; };
 /* Up to `max` next selected row numbers from the cursor. */
 static int64_t next_rows(const struct selection *sel, struct cursor *c, int64_t *rows, int64_t max) {
     int64_t n = 0;
+    const int64_t last_entry = c->limit > 0 ? (c->limit - 1) / sel->block : -1;   /* entries past it see nothing */
     while (c->j < c->end && n < max) {
-        int64_t p = c->idx[c->j] * sel->block + c->k;
-        if (c->idx[c->j] < 0 || p >= c->limit) {
+        const int64_t entry = c->idx[c->j];
+        /* entry <= last_entry keeps entry * block below limit: no overflow whatever the index or block size */
+        int64_t p = entry < 0 || entry > last_entry ? c->limit : entry * sel->block + c->k;
+        if (p >= c->limit) {
             c->j++;
             c->k = 0;
             continue;
@@ -366,10 +370,11 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
                        const struct selection *sel, struct cursor cur, float *part) {
     int64_t Hp = sh->Hp, DLp = sh->DLp;
     float *m = part, *l = part + Hp, *acc = part + 2 * Hp;
-    float *buf = scratch(0, (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4));
+    float *buf = scratch(0, (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4) + 3 * (size_t)Hp);
     if (!buf) return 0;
     float *kbuf = buf, *vbuf = kbuf + CHUNK * DLp, *rbuf = vbuf + CHUNK * DLp, *s = rbuf + CHUNK * sh->DRp;
     int64_t *chunk = (int64_t *)(s + CHUNK * Hp), *next = chunk + CHUNK;
+    float *heads_tmp = (float *)(next + CHUNK);
     for (int64_t h = 0; h < Hp; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, Hp * DLp * sizeof(float));
     int64_t n = next_rows(sel, &cur, chunk, CHUNK);
@@ -378,11 +383,11 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
         prefetch_chunk(sh, src, next, n_next);
 #ifdef __AVX512BF16__
         if (sh->bf16) {
-            chunk_bf16(sh, src, (const uint32_t *)qT, chunk, n, s, (uint32_t *)kbuf, m, l, acc);
+            chunk_bf16(sh, src, (const uint32_t *)qT, chunk, n, s, (uint32_t *)kbuf, m, l, acc, heads_tmp);
         } else
 #endif
         {
-            chunk_f32(sh, src, qT, qrT, chunk, n, kbuf, rbuf, vbuf, s, m, l, acc);
+            chunk_f32(sh, src, qT, qrT, chunk, n, kbuf, rbuf, vbuf, s, m, l, acc, heads_tmp);
         }
         memcpy(chunk, next, n_next * sizeof(int64_t));
         n = n_next;
