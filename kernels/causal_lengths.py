@@ -102,6 +102,9 @@ def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor
     visible = _visible(mask, additive)
     counts = visible.sum(-1, dtype=torch.int32)
     rows = visible.shape[1]
+    if rows == 0:                      # no query rows: nothing sees a key (as the native kernel says)
+        empty = torch.zeros(visible.shape[0], dtype=torch.int32, device=mask.device)
+        return empty, empty.clone()
     keys = torch.arange(visible.shape[2], device=mask.device)
     staircase = counts[:, -1:] - (rows - 1 - torch.arange(rows, device=mask.device, dtype=torch.int32))
     staircase = staircase.clamp_min(0)

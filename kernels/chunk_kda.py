@@ -307,6 +307,9 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
         else initial_state.reshape(b * h, dk, dv)
     own_state = state if initial_state is None else state.to(torch.float32, copy=True).contiguous()
     g = _checked_log_decay(g)
+    if dv == 0:             # no values: empty outputs, and a state with no columns stays as it is
+        return v.new_zeros(b, t_len, h, 0), own_state.view(b, h, dk, 0) if output_final_state \
+            else own_state.new_empty(0)
     native_fn = chunk_kda_native.kernel()
     if native_fn is not None:        # both update the state in place: never the caller's
         o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g.exp(), beta, scale, own_state)

@@ -344,7 +344,8 @@ def reference_lightning_indexer(query: Tensor, key: Tensor, weights: Tensor,
                 continue
             score = (torch.relu(q[b, t] @ kb[:n].T) * w[b, t, :, None]).sum(0)
             top = score.topk(min(sparse_count, n))
-            indices[b, t, 0, :top.indices.numel()] = top.indices.to(torch.int32)
+            chosen = top.indices.masked_fill(top.values == float("-inf"), -1)     # -inf counts as masked
+            indices[b, t, 0, :top.indices.numel()] = chosen.to(torch.int32)
             values[b, t, 0, :top.values.numel()] = top.values
     return indices, values
 
@@ -420,10 +421,12 @@ def _prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, lim
     the k-th largest lower bound A − e, so keys with A + e < τ are pruned; the rest are scored in fp32."""
     approx, margin = _approx_scores(keys, b, q_row, w_row, limit)
     tau = _kth_largest_bound(approx - margin, k)
-    candidates = torch.nonzero(approx.add_(margin) >= tau).squeeze(1)
+    upper = approx.add_(margin)
+    candidates = torch.nonzero((upper >= tau) | upper.isnan()).squeeze(1)       # a NaN score ranks first
     exact = _chunk_scores(keys.float_rows(b, candidates), q_row.float().unsqueeze(0), w_row.unsqueeze(0))[0]
     top, where = exact.topk(k)
-    return candidates[where].to(torch.int32).unsqueeze(0), top.unsqueeze(0)
+    positions = candidates[where].masked_fill(top == float("-inf"), -1)        # -inf counts as masked
+    return positions.to(torch.int32).unsqueeze(0), top.unsqueeze(0)
 
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,

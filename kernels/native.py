@@ -53,6 +53,7 @@ BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "ASCEND_DSA_NATIVE"
 ENV_DIR = "ASCEND_DSA_NATIVE_DIR"
 ENV_CC = "ASCEND_DSA_CC"
+ENV_CFLAGS = "ASCEND_DSA_NATIVE_CFLAGS"     # extra compiler flags (e.g. sanitizers), part of the library's key
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,9 @@ def compiler() -> str | None:
 
 def level_flags(level: str) -> tuple[str, ...]:
     """The compiler flags of one level: FLAGS, plus the level's target flags on x86 (elsewhere only the
-    generic level exists, built for the architecture's baseline)."""
-    return FLAGS + (_X86_LEVEL_FLAGS[level] if cpu_isa.is_x86() else ())
+    generic level exists, built for the architecture's baseline), plus ASCEND_DSA_NATIVE_CFLAGS."""
+    extra = tuple(os.environ.get(ENV_CFLAGS, "").split())
+    return FLAGS + (_X86_LEVEL_FLAGS[level] if cpu_isa.is_x86() else ()) + extra
 
 
 def library_path(name: str, cc: str, level: str) -> Path:
@@ -123,11 +125,12 @@ def load(name: str) -> Native:
     time; a forced level this CPU lacks raises cpu_isa.IsaError."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return Native(None, f"{ENV_SWITCH}=0 is set")
-    return _load(name, cpu_isa.active())
+    return _load(name, cpu_isa.active(), os.environ.get(ENV_CFLAGS, ""))
 
 
 @functools.cache
-def _load(name: str, level: str) -> Native:
+def _load(name: str, level: str, extra_flags: str) -> Native:
+    """One library per name, level and extra flags (the last two only key the cache: level_flags reads them)."""
     cc = compiler()
     if cc is None:
         return Native(None, f"no C compiler found (set {ENV_CC} or CC, or install cc/gcc)")

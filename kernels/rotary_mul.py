@@ -82,7 +82,7 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
 
 def _native_rows(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor | None:
     """The native kernel's result for a few fp32 CPU rows (module docstring), or None where it does not apply."""
-    if input.dtype != torch.float32 or not input.is_cpu:
+    if any(t.dtype != torch.float32 or not t.is_cpu for t in (input, r1, r2)):
         return None
     loaded = native.load(NATIVE_SOURCE)
     if not loaded:

@@ -74,9 +74,16 @@ static const char *key_row(const struct keys *k, int64_t s) {
     return k->base + offset * (int64_t)item;
 }
 
-static float weighted_relu_sum(const vf *acc, const float *w, int nb) {
+/* sum_j w[j] * relu(acc[j]) over nb head vectors; w [h] is followed by h lane masks (all ones for a real head,
+ * zero for padding), so a padded head, whose zero query meets an infinite key as 0 * inf = NaN, adds nothing. */
+static float weighted_relu_sum(const vf *acc, const float *w, int64_t h, int nb) {
     vf total = {0};
-    for (int j = 0; j < nb; j++) total += relu(acc[j]) * vload(w + j * VL);
+    for (int j = 0; j < nb; j++) {
+        vf term = relu(acc[j]) * vload(w + j * VL);
+        vi real;
+        memcpy(&real, w + h + j * VL, sizeof real);
+        total += (vf)((vi)term & real);
+    }
     return hsum(total);
 }
 
@@ -95,7 +102,7 @@ static inline __attribute__((always_inline)) void block_f32(const float *const *
             for (int j = 0; j < nb; j++) acc[k][j] += qv[j] * kv;
         }
     }
-    for (int k = 0; k < kb; k++) out[k] += weighted_relu_sum(acc[k], w + hb, nb);
+    for (int k = 0; k < kb; k++) out[k] += weighted_relu_sum(acc[k], w + hb, h, nb);
 }
 
 #ifdef __AVX512BF16__
@@ -120,7 +127,7 @@ static inline __attribute__((always_inline)) void block_bf16(const char *const *
     for (int k = 0; k < kb; k++) {
         vf lanes[MAX_NB];
         memcpy(lanes, acc[k], (size_t)nb * sizeof(vf));
-        out[k] += weighted_relu_sum(lanes, w + hb, nb);
+        out[k] += weighted_relu_sum(lanes, w + hb, h, nb);
     }
 }
 #endif
@@ -201,7 +208,7 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
     struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
     int64_t hp = (h + VL - 1) / VL * VL;
     float *qt = calloc((size_t)(hp * d), sizeof(float));
-    float *wp = calloc((size_t)hp, sizeof(float));
+    float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
     uint32_t *qp = bf16_dot ? calloc((size_t)(hp * (d / 2)), sizeof(uint32_t)) : NULL;
     if (!qt || !wp || (bf16_dot && !qp)) {
         free(qt);
@@ -210,6 +217,7 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
         return -1;
     }
     memcpy(wp, w, (size_t)h * sizeof(float));
+    memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
     for (int64_t j = 0; j < h; j++)
         for (int64_t i = 0; i < d; i++) qt[i * hp + j] = q[j * d + i];
     for (int64_t p = 0; qp && p < d / 2; p++)
@@ -278,7 +286,8 @@ static void sort_selected(int32_t *sel, int32_t *tmp, const uint32_t *keys, int6
 }
 
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values
- * val [k]; positions -1 and values -inf pad the rest when n < k. Returns 0, or -1 when out of memory. */
+ * val [k]; positions -1 and values -inf pad the rest when n < k, and a key scoring -inf is reported as -1.
+ * Returns 0, or -1 when out of memory. */
 int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) {
     int64_t take = k < n ? k : n;
     for (int64_t i = take; i < k; i++) {
@@ -299,7 +308,10 @@ int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) 
     for (int64_t i = 0; i < n; i++)
         if (keys[i] > t || (keys[i] == t && ties-- > 0)) idx[m++] = (int32_t)i;
     sort_selected(idx, tmp, keys, m);
-    for (int64_t i = 0; i < m; i++) val[i] = score[idx[i]];
+    for (int64_t i = 0; i < m; i++) {
+        val[i] = score[idx[i]];
+        idx[i] = val[i] == -INFINITY ? -1 : idx[i];     /* a key scoring -inf counts as masked, as in the torch path */
+    }
     free(keys);
     free(tmp);
     return 0;

@@ -56,10 +56,12 @@ static void mask_groups(float *score, int64_t E, int64_t k_group, int64_t groups
     }
 }
 
-/* Runs the selection (file comment). Returns 0, 1 for a non-finite score, 2 for sizes beyond MAX_EXPERTS. */
+/* Runs the selection (file comment). Returns 0, 1 for a non-finite score, 2 for sizes it does not take (beyond
+ * MAX_EXPERTS, or groups that do not split the experts: the caller checked them, this keeps every read in bounds). */
 int mg_select(const float *norm, const float *bias, int64_t rows, int64_t E, int64_t k, int64_t k_group,
               int64_t groups, int group_mode, int renorm, float eps, float scale, float *y, int32_t *idx) {
-    if (E > MAX_EXPERTS || k > E || k_group > groups) return 2;
+    if (E < 1 || E > MAX_EXPERTS || k < 1 || k > E || groups < 1 || E % groups != 0 || k_group < 1 || k_group > groups)
+        return 2;
     for (int64_t r = 0; r < rows; r++) {
         const float *n = norm + r * E;
         float score[MAX_EXPERTS];

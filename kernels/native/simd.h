@@ -176,7 +176,7 @@ static inline vf exp2_neg(vf x) {
     p = p * f + 2.4022650696e-1f;
     p = p * f + 6.9314718056e-1f;
     p = p * f + 1.0f;
-    return p * (vf)((((vi)t) - 0x4B400000 + 127) << 23);
+    return p * (vf)((((vu)t) - 0x4B400000u + 127u) << 23);
 }
 
 #endif

@@ -79,9 +79,12 @@ static inline float exp_neg(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } s = { .i = (n.i - 0x4B400000 + 127) << 23 };
+    union { uint32_t u; float f; } s = { .u = ((uint32_t)n.i - 0x4B400000u + 127u) << 23 };   /* unsigned: no UB for any x */
     return p * s.f;
 }
+
+/* The larger of a and b, NaN when either is (as torch's amax): a NaN logit makes its head's row NaN throughout. */
+static inline float nan_max(float a, float b) { return b > a || b != b ? b : a; }
 
 struct shape {
     int64_t H, Hp, DL, DLp, DR, DRp;
@@ -165,7 +168,7 @@ static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, 
     for (int64_t h = 0; h < Ha; h++) mc[h] = m[h];
     for (int64_t r = 0; r < n; r++)
 #pragma omp simd
-        for (int64_t h = 0; h < Ha; h++) mc[h] = s[r * Hp + h] > mc[h] ? s[r * Hp + h] : mc[h];
+        for (int64_t h = 0; h < Ha; h++) mc[h] = nan_max(mc[h], s[r * Hp + h]);
     int rescale = 0;
     for (int64_t h = 0; h < Ha; h++) {
         corr[h] = m[h] == mc[h] ? 1.0f : exp_neg(m[h] - mc[h]);
@@ -434,7 +437,7 @@ static void finish(const struct shape *sh, const float *parts, int nparts, int64
     int64_t pf = part_floats(sh);
     for (int64_t h = h0; h < h1; h++) {
         float mx = -INFINITY, sum = 0.0f, w[nparts];
-        for (int p = 0; p < nparts; p++) mx = parts[p * pf + h] > mx ? parts[p * pf + h] : mx;
+        for (int p = 0; p < nparts; p++) mx = nan_max(mx, parts[p * pf + h]);
         for (int p = 0; p < nparts; p++) {
             float mp = parts[p * pf + h];
             w[p] = mp == -INFINITY ? 0.0f : exp_neg(mp - mx);

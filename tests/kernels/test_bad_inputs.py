@@ -177,3 +177,19 @@ def test_kda_non_finite_inputs_reach_only_later_steps(name, bad, t_len, kda_path
     assert bool(torch.isfinite(o[:, :step]).all())
     finite = torch.isfinite(ro)
     torch.testing.assert_close(o[finite], ro[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_indexer_prefilter_keeps_nan_and_masks_minus_inf(monkeypatch):
+    """The bf16 prefilter of the torch path (taken on CPUs with bf16 GEMMs, forced here) keeps a NaN key first and
+    reports a key scoring -inf as -1."""
+    monkeypatch.setenv("ASCEND_DSA_NATIVE", "0")
+    monkeypatch.setattr(lightning_indexer, "BF16_PREFILTER", True)
+    g = torch.Generator().manual_seed(4)
+    q, key = torch.randn(1, 1, 4, 32, generator=g).bfloat16(), torch.randn(1, 300, 1, 32, generator=g).bfloat16()
+    key[0, 37, 0, 3] = float("nan")
+    indices, values = INDEXER(q, key, torch.ones(1, 1, 4).bfloat16(), sparse_count=8)
+    assert int(indices[0, 0, 0, 0]) == 37 and bool(values[0, 0, 0, 0].isnan())
+    key[0, 5:] = float("inf")           # with positive queries and a weight of -1 these keys score -inf
+    indices, values = INDEXER(q.abs(), key, -torch.ones(1, 1, 4).bfloat16(), sparse_count=8)
+    assert sorted(indices[0, 0, 0, :5].tolist()) == [0, 1, 2, 3, 4] and bool((indices[0, 0, 0, 5:] == -1).all())
+    assert bool((values[0, 0, 0, 5:] == float("-inf")).all())

@@ -77,7 +77,8 @@ def native_select():
 @pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777)])
 @pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf"])
 def test_native_topk_equals_torch_topk(n, k, values):
-    """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first."""
+    """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first; a key
+    scoring -inf is reported as -1, as a masked key is (the torch path and the reference do the same)."""
     g = torch.Generator().manual_seed(n + k)
     scores = torch.randn(n, generator=g)
     if values == "ties":
@@ -91,7 +92,5 @@ def test_native_topk_equals_torch_topk(n, k, values):
     want = scores.topk(take).values
     assert torch.equal(got[0, :take], want) and (got[0, take:] == float("-inf")).all()
     assert (indices[0, take:] == -1).all()
-    chosen = indices[0, :take].long()
-    assert torch.equal(scores[chosen], want) and chosen.unique().numel() == take
     ordered = sorted(range(n), key=lambda i: (-scores[i].item(), i))[:take]
-    assert chosen.tolist() == ordered
+    assert indices[0, :take].tolist() == [-1 if scores[i] == float("-inf") else i for i in ordered]

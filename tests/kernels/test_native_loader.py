@@ -97,3 +97,12 @@ def test_one_openmp_runtime():
     maps = Path("/proc/self/maps").read_text().splitlines()
     runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) == 1, runtimes
+
+
+def test_extra_flags_are_part_of_the_key(monkeypatch):
+    """ASCEND_DSA_NATIVE_CFLAGS (the sanitizer build's flags) builds and loads a library of its own."""
+    monkeypatch.delenv(native.ENV_CFLAGS, raising=False)
+    plain = native.library_path(SOURCE, "cc", "generic")
+    monkeypatch.setenv(native.ENV_CFLAGS, "-fsanitize=address")
+    assert "-fsanitize=address" in native.level_flags("generic")
+    assert native.library_path(SOURCE, "cc", "generic") != plain

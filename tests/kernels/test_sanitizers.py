@@ -1,0 +1,60 @@
+"""The native kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (ASCEND_DSA_NATIVE_CFLAGS, into a
+fresh ASCEND_DSA_NATIVE_DIR) under the fuzz program and the native kernel tests, in a subprocess whose Python has
+the sanitizer runtimes preloaded: any out-of-bounds access or undefined behaviour aborts it. Slow (~5 min)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from native_paths import LEVELS
+
+from npu_graph.kernels import native
+
+HERE = Path(__file__).parent
+SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+NATIVE_TESTS = ["test_bad_inputs.py", "test_indexer_native.py", "test_sfa_native.py", "test_kda_native.py",
+                "test_dense_attention.py", "test_depthwise_conv1d.py", "test_skinny_mm.py", "test_rms_norm.py",
+                "test_attn_res.py", "test_moe_gating.py", "test_causal_lengths.py", "test_rotary_mul.py"]
+
+
+def _runtimes() -> list[str]:
+    cc = native.compiler()
+    if cc is None or not cc.endswith(("gcc", "cc")):
+        pytest.skip("the sanitizer run needs gcc")
+    found = [subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+             for lib in ("libasan.so", "libubsan.so")]
+    if not all(os.path.isabs(path) and os.path.exists(path) for path in found):
+        pytest.skip(f"gcc has no sanitizer runtimes ({found})")
+    return found
+
+
+def _sanitized_env(tmp_path: Path, level: str) -> dict[str, str]:
+    return {**os.environ, "LD_PRELOAD": " ".join(_runtimes()), "ASCEND_DSA_CPU_ISA": level,
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+            "ASCEND_DSA_NATIVE_DIR": str(tmp_path), native.ENV_CFLAGS: SANITIZE}
+
+
+def _check(done: subprocess.CompletedProcess, what: str) -> None:
+    report = [line for line in done.stderr.splitlines() if "runtime error" in line or "AddressSanitizer" in line]
+    assert done.returncode == 0 and not report, f"{what}: exit {done.returncode}\n" + "\n".join(
+        report[:5] or done.stderr.splitlines()[-20:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", LEVELS)
+def test_fuzz_under_sanitizers(level, tmp_path):
+    done = subprocess.run([sys.executable, str(HERE / "fuzz_ops.py"), "--examples", "60"], capture_output=True,
+                          text=True, env=_sanitized_env(tmp_path, level), timeout=1800)
+    _check(done, f"fuzz at {level}")
+    assert any(name.endswith(".so") for name in os.listdir(tmp_path))        # the sanitized builds ran
+
+
+@pytest.mark.slow
+def test_native_kernel_tests_under_sanitizers(tmp_path):
+    env = _sanitized_env(tmp_path, LEVELS[-1])
+    env.pop("ASCEND_DSA_CPU_ISA")            # the tests set every level themselves
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           *(str(HERE / name) for name in NATIVE_TESTS)], capture_output=True, text=True, env=env,
+                          timeout=3000, cwd=HERE.parent.parent)
+    _check(done, "native kernel tests")
