@@ -28,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,8 @@ from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
-from npu_graph.kernels import cpu_isa
+from npu_graph import trust
+from npu_graph.kernels import cpu_isa, native_trust
 
 SOURCE_DIR = Path(__file__).parent / "native"
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
@@ -101,8 +103,7 @@ def library_path(name: str, cc: str, level: str) -> Path:
 
 
 def _build(source: Path, target: Path, cc: str, level: str) -> str | None:
-    """Compiles source into target for `level` (atomically); None, or why it failed."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compiles source into target for `level` (atomically, with its build record); None, or why it failed."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
     os.close(fd)
     try:
@@ -110,6 +111,8 @@ def _build(source: Path, target: Path, cc: str, level: str) -> str | None:
                               timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
             return f"`{cc}` failed to build {source.name} for {level}: {done.stderr.strip()[-800:]}"
+        os.chmod(tmp, 0o700)
+        native_trust.write_record(target, Path(tmp).read_bytes())
         os.replace(tmp, target)
         return None
     except (OSError, subprocess.SubprocessError) as e:
@@ -128,6 +131,10 @@ def load(name: str) -> Native:
     return _load(name, cpu_isa.active(), os.environ.get(ENV_CFLAGS, ""))
 
 
+class NativeLibraryWarning(UserWarning):
+    """A native library or its build folder was refused (native_trust): rebuilt, or the torch path is used."""
+
+
 @functools.cache
 def _load(name: str, level: str, extra_flags: str) -> Native:
     """One library per name, level and extra flags (the last two only key the cache: level_flags reads them)."""
@@ -136,11 +143,26 @@ def _load(name: str, level: str, extra_flags: str) -> Native:
         return Native(None, f"no C compiler found (set {ENV_CC} or CC, or install cc/gcc)")
     try:
         path = library_path(name, cc, level)
-        if not path.exists():
+        trust.ensure_private_dir(path.parent)
+        fd, why = native_trust.open_verified(path) if path.exists() else (None, "")
+        if fd is None:
+            if why:
+                warnings.warn(f"ascend_dsa refused the native library {path}: {why}; rebuilding it",
+                              NativeLibraryWarning, stacklevel=3)
             failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
             if failure:
                 return Native(None, failure)
-        return Native(ctypes.CDLL(str(path)), str(path))
+            fd, why = native_trust.open_verified(path)
+            if fd is None:
+                return Native(None, f"the native library {path} just built was refused: {why}")
+        try:
+            return Native(ctypes.CDLL(native_trust.loadable_path(path, fd)), str(path))
+        finally:
+            os.close(fd)
+    except trust.UntrustedPath as e:
+        warnings.warn(f"ascend_dsa does not load native kernels from an untrusted folder ({e}); the ops use their "
+                      f"torch paths", NativeLibraryWarning, stacklevel=3)
+        return Native(None, f"untrusted native build folder: {e}")
     except OSError as e:
         return Native(None, f"could not build or load the native library {name}: {e}")
 

@@ -87,17 +87,26 @@ def ensure_private_dir(path: Path | str) -> Path:
     return path
 
 
-def read_private_file(path: Path | str, forbidden: int = _GROUP_OTHER_WRITE) -> bytes:
-    """The bytes of a file that passes check_private_file, checked on the open file itself (no link is
-    followed, and what is checked is what is read)."""
+def open_private_file(path: Path | str, forbidden: int = _GROUP_OTHER_WRITE) -> int:
+    """A read-only descriptor of a file that passes check_private_file, checked on the open file itself (no link
+    is followed, and what is checked is what is read). The caller closes it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UntrustedPath(f"{path} is a symbolic link, not a file: the cache follows no links") from exc
         raise
-    with os.fdopen(fd, "rb") as f:
+    try:
         _check(os.fstat(fd), path, folder=False, forbidden=forbidden)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private_file(path: Path | str, forbidden: int = _GROUP_OTHER_WRITE) -> bytes:
+    """The bytes of a file that passes check_private_file (open_private_file)."""
+    with os.fdopen(open_private_file(path, forbidden), "rb") as f:
         return f.read()
 
 
