@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "attn_res"
@@ -175,6 +175,19 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
     """Block AttnRes over depth; see the module docstring."""
     if static_checks_needed():
         _validate(blocks, partial, queries, norm_weight)
+
+    def run() -> torch.Tensor:
+        return _attn_res_cpu(blocks, partial, queries, norm_weight, eps)
+
+    n, b, t, d = blocks.shape
+    if b * t > _DIRECT_ROWS or not native.load(NATIVE_SOURCE):
+        return run()
+    cls = dispatch.shape_class(blocks.dtype, n, b * t, d, partial is not None, queries.shape[0])
+    return dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def _attn_res_cpu(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
+                  norm_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     n, b, t, d = blocks.shape
     direct = b * t <= _DIRECT_ROWS and (n > 0 or partial is not None)
     done = _native_direct(blocks, partial, queries, norm_weight, eps) if direct else None

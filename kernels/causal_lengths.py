@@ -18,11 +18,12 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank
 
 _ADDITIVE_MASKED = -1e30      # also in native/causal_lengths.c
 NATIVE_SOURCE = "causal_lengths"
+_NATIVE_KINDS = {(torch.bool, False): 0, (torch.float32, True): 1}     # the masks the native check reads
 _NOT_CAUSAL = ("causal_lengths: the attention mask is not right-down causal (each query must see a prefix of the "
                "keys, one more than the query before it)")
 _NOT_ADDITIVE = ("causal_lengths: an additive mask must hold 0 (visible) or a very large negative value (masked); "
@@ -50,7 +51,7 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
 def _native_lengths(mask: Tensor, additive: bool) -> Tensor | None:
     """lengths_k from the native check (module docstring) for a bool or fp32 additive CPU mask, else None; raises
     as the torch path does."""
-    kind = {(torch.bool, False): 0, (torch.float32, True): 1}.get((mask.dtype, additive))
+    kind = _NATIVE_KINDS.get((mask.dtype, additive))
     loaded = native.load(NATIVE_SOURCE) if kind is not None and mask.is_cpu else None
     if not loaded:
         return None
@@ -96,6 +97,17 @@ def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
     actual_seq_lengths_key), int32 [B]. Raises ValueError when the mask is not right-down causal."""
     _check_sizes(mask)
+
+    def run() -> tuple[Tensor, Tensor]:
+        return _causal_lengths_cpu(mask, additive)
+
+    if (mask.dtype, additive) not in _NATIVE_KINDS or not mask.is_cpu or not native.load(NATIVE_SOURCE):
+        return run()
+    cls = dispatch.shape_class(mask.dtype, *mask.shape)
+    return dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def _causal_lengths_cpu(mask: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
     lengths_k = _native_lengths(mask, additive)
     if lengths_k is not None:
         return torch.full((mask.shape[0],), mask.shape[1], dtype=torch.int32), lengths_k

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels import chunk_kda_native
+from npu_graph.kernels import chunk_kda_native, dispatch, native
 from npu_graph.kernels.checks import (
     require,
     require_dtype,
@@ -328,7 +328,21 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """KDA over a whole sequence; see the module docstring for the recurrence and layouts."""
     if static_checks_needed():
         _validate(q, k, v, g, beta, initial_state, chunk_size)
-    return _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        return _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+    cls = native_class(q, k, v, g, beta)
+    return run() if cls is None else dispatch.run(OP, chunk_kda_native.NATIVE_SOURCE, cls, run,
+                                                  dispatch.torch_path(run))
+
+
+def native_class(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 *args: object, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures when the native recurrence is loaded, else None."""
+    if not native.load(chunk_kda_native.NATIVE_SOURCE) or v.shape[-1] == 0:
+        return None
+    return dispatch.shape_class(v.dtype, *k.shape[1:], v.shape[-1])
 
 
 @chunk_kda.register_fake

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 
 NATIVE_SOURCE = "dense_attention"
 MAX_HEAD_DIM = 32       # measured: faster up to 24, parity at 32, 0.84x at 64
@@ -79,11 +79,17 @@ def _native(kernel: Callable[..., int], q: Tensor, k: Tensor, v: Tensor, is_caus
 def _flash(kernel: Callable[..., int], query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
            is_causal: bool = False, *, attn_mask: Tensor | None = None,
            scale: float | None = None) -> tuple[Tensor, Tensor]:
-    if _takes(query, key, value, dropout_p, attn_mask):
+    def aten() -> tuple[Tensor, Tensor]:
+        return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+
+    def native_or_aten() -> tuple[Tensor, Tensor]:
         done = _native(kernel, query, key, value, is_causal, scale)
-        if done is not None:
-            return done
-    return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return aten() if done is None else done
+
+    if not _takes(query, key, value, dropout_p, attn_mask):
+        return aten()
+    cls = dispatch.shape_class(*query.shape, key.shape[1], key.shape[2], value.shape[3], is_causal)
+    return dispatch.run("dense_attention", NATIVE_SOURCE, cls, native_or_aten, aten)
 
 
 def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,

@@ -48,7 +48,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import lightning_indexer_native
+from npu_graph.kernels import dispatch, lightning_indexer_native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -490,8 +490,25 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
     if static_checks_needed():
         _check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
-    return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
-                                  block_table, query_scale, key_scale, sparse_count, sparse_mode)
+    def run() -> tuple[Tensor, Tensor]:
+        return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
+                                      block_table, query_scale, key_scale, sparse_count, sparse_mode)
+
+    cls = native_class(query, key, weights, block_table=block_table, query_scale=query_scale, key_scale=key_scale)
+    if cls is None:
+        return run()
+    return dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,
+                 query_scale: Tensor | None = None, key_scale: Tensor | None = None, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for a call the native scorer takes (decode-sized rows of
+    unscaled keys it reads), else None."""
+    if query_scale is not None or key_scale is not None or query.shape[1] > PREFILTER_MAX_ROWS \
+            or not lightning_indexer_native.takes(query, key):
+        return None
+    positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
+    return dispatch.shape_class(query.dtype, key.dtype, block_table is not None, *query.shape[1:], positions)
 
 
 @lightning_indexer.register_fake

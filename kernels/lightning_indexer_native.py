@@ -53,6 +53,11 @@ def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFunc
     return scores, topk, bf16_dot
 
 
+def takes(query: Tensor, key: Tensor) -> bool:
+    """Whether the native kernel is loaded and reads these inputs."""
+    return _kernel(query, key) is not None
+
+
 def _out_of_memory(what: str) -> MemoryError:
     return MemoryError(f"lightning_indexer: the native kernel could not allocate its buffers ({what}); set "
                        f"{native.ENV_SWITCH}=0 to use the torch path")

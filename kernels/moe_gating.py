@@ -22,7 +22,7 @@ Decode-sized routers go to a native selection (kernels/moe_gating_native.py), la
 
 import torch
 
-from npu_graph.kernels import moe_gating_native
+from npu_graph.kernels import dispatch, moe_gating_native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -148,18 +148,26 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
         _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
     norm = _normalize(x, norm_type)
     renormed = norm_type == 1 or renorm == 1
-    done = moe_gating_native.select(norm, bias, k, k_group, group_count, group_select_mode, renormed, eps,
-                                    routed_scaling_factor)
-    if done is not None:
-        return done[0].to(x.dtype), done[1], norm
-    score = norm if bias is None else norm + bias.float()
-    if group_count > 1:
-        score = _group_mask(score, k_group, group_count, group_select_mode)
-    idx = _stable_topk(score, k)
-    y = norm.gather(1, idx)
-    if renormed:
-        y = y / (y.sum(dim=-1, keepdim=True) + eps)
-    return (y * routed_scaling_factor).to(x.dtype), idx.to(torch.int32), norm
+
+    def torch_select() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        score = norm if bias is None else norm + bias.float()
+        if group_count > 1:
+            score = _group_mask(score, k_group, group_count, group_select_mode)
+        idx = _stable_topk(score, k)
+        y = norm.gather(1, idx)
+        if renormed:
+            y = y / (y.sum(dim=-1, keepdim=True) + eps)
+        return (y * routed_scaling_factor).to(x.dtype), idx.to(torch.int32), norm
+
+    def native_select() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        done = moe_gating_native.select(norm, bias, k, k_group, group_count, group_select_mode, renormed, eps,
+                                        routed_scaling_factor)
+        return torch_select() if done is None else (done[0].to(x.dtype), done[1], norm)
+
+    if not moe_gating_native.takes(norm):
+        return torch_select()
+    cls = dispatch.shape_class(*norm.shape, k, group_count, k_group, bias is not None)
+    return dispatch.run(OP, moe_gating_native.NATIVE_SOURCE, cls, native_select, torch_select)
 
 
 @moe_gating_top_k.register_fake

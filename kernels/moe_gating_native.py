@@ -30,15 +30,18 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     return fn
 
 
+def takes(norm: torch.Tensor) -> bool:
+    """Whether the native selection is loaded and takes these scores (decode-sized, contiguous, on the CPU)."""
+    return norm.numel() <= MAX_SCORES and norm.is_cpu and norm.is_contiguous() and bool(native.load(NATIVE_SOURCE))
+
+
 def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count: int, group_select_mode: int,
            renorm: bool, eps: float, scale: float) -> tuple[Tensor, Tensor] | None:
     """(y fp32 [T, k], expert_idx int32 [T, k]) from the normalised scores norm fp32 [T, E], or None (module
     docstring)."""
-    if norm.numel() > MAX_SCORES or not norm.is_cpu or not norm.is_contiguous():
+    if not takes(norm):
         return None
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded:
-        return None
     rows = norm.shape[0]
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     y = torch.empty(rows, k, dtype=torch.float32, device="cpu")

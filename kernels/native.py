@@ -18,8 +18,9 @@ torch already loaded: no second thread pool.
 
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
-keep their torch path.
+keep their torch path. Where both exist, kernels/dispatch.py decides per shape class which one runs.
 """
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -28,8 +29,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,9 +128,26 @@ def load(name: str) -> Native:
     """The library built from kernels/native/<name>.c for the active level, building it on first use (module
     docstring). ASCEND_DSA_NATIVE=0 and ASCEND_DSA_CPU_ISA are read at every call, so they may be set at any
     time; a forced level this CPU lacks raises cpu_isa.IsaError."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if os.environ.get(ENV_SWITCH) == "0":
         return Native(None, f"{ENV_SWITCH}=0 is set")
+    if getattr(_THREAD, "disabled", False):
+        return Native(None, "the torch path was chosen for this call (kernels/dispatch.py)")
     return _load(name, cpu_isa.active(), os.environ.get(ENV_CFLAGS, ""))
+
+
+_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Inside, `load` returns no library on this thread: the ops take their torch paths (kernels/dispatch.py
+    times them against the native ones this way)."""
+    before = getattr(_THREAD, "disabled", False)
+    _THREAD.disabled = True
+    try:
+        yield
+    finally:
+        _THREAD.disabled = before
 
 
 class NativeLibraryWarning(UserWarning):
@@ -155,10 +174,9 @@ def _load(name: str, level: str, extra_flags: str) -> Native:
             fd, why = native_trust.open_verified(path)
             if fd is None:
                 return Native(None, f"the native library {path} just built was refused: {why}")
-        try:
-            return Native(ctypes.CDLL(native_trust.loadable_path(path, fd)), str(path))
-        finally:
-            os.close(fd)
+        # The descriptor stays open for the life of the process: the loader knows a library by its name, and a
+        # closed descriptor's number (so its /proc/self/fd name) would be reused for the next library.
+        return Native(ctypes.CDLL(native_trust.loadable_path(path, fd)), str(path))
     except trust.UntrustedPath as e:
         warnings.warn(f"ascend_dsa does not load native kernels from an untrusted folder ({e}); the ops use their "
                       f"torch paths", NativeLibraryWarning, stacklevel=3)

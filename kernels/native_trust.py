@@ -67,6 +67,7 @@ def open_verified(library: Path) -> tuple[int | None, str]:
 
 
 def loadable_path(library: Path, fd: int) -> str:
-    """The name to dlopen: the open, verified file itself where /proc/self/fd exists, else its path."""
+    """The name to dlopen: the open, verified file itself where /proc/self/fd exists, else its path. Keep `fd`
+    open while the process runs: the loader knows libraries by name, and a reused number names another file."""
     proc = f"/proc/self/fd/{fd}"
     return proc if os.path.exists(proc) else str(library)

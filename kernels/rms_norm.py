@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 from npu_graph.kernels.checks import require, require_dtype, require_same, static_checks_needed
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,14 +78,17 @@ def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., None], bool]:
     return fn, bool(lib.rn_has_f16())
 
 
-def _native_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor] | None:
-    """The native kernel's result for contiguous CPU rows (module docstring), or None when it does not apply."""
+def _native_kernel(x: Tensor) -> Callable[..., None] | None:
+    """The native kernel when it is loaded and reads x (contiguous CPU rows of a dtype it takes), else None."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or x.dtype not in native.DTYPE_CODES or not x.is_cpu or not x.is_contiguous():
         return None
     fn, has_f16 = _typed(loaded.lib)
-    if x.dtype == torch.float16 and not has_f16:
-        return None
+    return None if x.dtype == torch.float16 and not has_f16 else fn
+
+
+def _native_few_rows(fn: Callable[..., None], x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """The native kernel's result (module docstring)."""
     n = gamma.numel()
     g = gamma.float().reshape(n).contiguous()
     y, rstd = torch.empty_like(x), torch.empty(x.numel() // n if n else 0, dtype=torch.float32, device="cpu")
@@ -93,17 +96,24 @@ def _native_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, 
     return y, rstd.view(_rstd_shape(x.shape, gamma.dim()))
 
 
-def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """A handful of rows (decode): the native kernel where it applies, else `_norm_rows`' arithmetic in fewer
-    calls, without blocks or output buffers."""
-    done = _native_few_rows(x, gamma, epsilon)
-    if done is not None:
-        return done
+def _torch_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """`_norm_rows`' arithmetic in fewer calls, without blocks or output buffers."""
     n = gamma.numel()
     rows = x.reshape(-1, n).float()
     rstd = torch.linalg.vector_norm(rows, dim=-1, keepdim=True).square_().div_(n).add_(epsilon).rsqrt_()
     y = (rows * rstd).mul_(gamma.float().reshape(n)).to(x.dtype)
     return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
+
+
+def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """A handful of rows (decode): the native kernel or the torch arithmetic, whichever kernels/dispatch.py
+    measured faster for this shape class."""
+    fn = _native_kernel(x)
+    if fn is None:
+        return _torch_few_rows(x, gamma, epsilon)
+    cls = dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
+    return dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: _native_few_rows(fn, x, gamma, epsilon),
+                        lambda: _torch_few_rows(x, gamma, epsilon))
 
 
 def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,7 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -115,6 +115,18 @@ def rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half")
     """RoPE: r1 · input + r2 · rotate(input); see the module docstring."""
     if static_checks_needed():
         _check(input, r1, r2, rotary_mode)
+
+    def run() -> Tensor:
+        return _rotary_mul_cpu(input, r1, r2, rotary_mode)
+
+    few_fp32 = input.numel() <= FEW_ELEMS and all(t.dtype == torch.float32 and t.is_cpu for t in (input, r1, r2))
+    if not few_fp32 or not native.load(NATIVE_SOURCE):
+        return run()
+    cls = dispatch.shape_class(*input.shape, *(n == 1 for n in r1.shape), rotary_mode)
+    return dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def _rotary_mul_cpu(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:
     if input.numel() <= FEW_ELEMS:
         done = _native_rows(input, r1, r2, rotary_mode)
         if done is not None:

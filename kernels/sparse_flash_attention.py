@@ -53,7 +53,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import dispatch, native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -412,9 +412,26 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
         _check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
                       layout_query, layout_kv, sparse_mode)
-    return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
-                                       actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
-                                       key_scale, value_scale, sparse_block_size, sparse_mode)
+    def run() -> tuple[Tensor, Tensor, Tensor]:
+        return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
+                                           actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
+                                           key_scale, value_scale, sparse_block_size, sparse_mode)
+
+    cls = native_class(query, key, value, sparse_indices, scale_value, block_table, query_rope=query_rope,
+                       key_rope=key_rope, sparse_block_size=sparse_block_size)
+    return run() if cls is None else dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *args: object,
+                 query_rope: Tensor | None = None, key_rope: Tensor | None = None, sparse_block_size: int = 1,
+                 **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for a call the native kernel takes, else None."""
+    block_table = args[1] if len(args) > 1 else kwargs.get("block_table")
+    if _native_kernel(key, value, key_rope, block_table) is None:
+        return None
+    rope = 0 if query_rope is None else query_rope.shape[3]
+    return dispatch.shape_class(query.dtype, key.dtype, block_table is not None, *query.shape[1:], rope,
+                                sparse_indices.shape[3] * min(sparse_block_size, key.shape[1]))
 
 
 @sparse_flash_attention.register_fake

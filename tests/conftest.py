@@ -1,9 +1,15 @@
-"""Shared test fixtures: a clean Dynamo state per test, a temporary dump folder, and tiny random-config
-transformers models (no downloads)."""
+"""Shared test fixtures: the native kernels forced on, a clean Dynamo state per test, a temporary dump folder,
+and tiny random-config transformers models (no downloads)."""
+import os
+
 import pytest
 import torch
 
 from npu_graph.models.tiny_transformers import build_tiny
+
+# Native kernels wherever they apply (kernels/dispatch.py's "force" mode), so every test knows which path ran and
+# none depends on a timing; the dispatch tests set "auto" themselves. Processes the tests start inherit it.
+os.environ.setdefault("ASCEND_DSA_NATIVE", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -115,3 +115,11 @@ def test_new_folders_are_private(folder):
     assert os.stat(folder).st_mode & 0o777 == 0o700
     library = native.Path(expected_path())
     assert native_trust.record_path(library).exists() and os.stat(library).st_mode & 0o022 == 0
+
+
+def test_several_libraries_load_side_by_side(folder):
+    """Each library is loaded from its own verified descriptor, never confused with another one."""
+    loaded = {name: native.load(name) for name in ("rms_norm", "attn_res", "rotary_mul", "causal_lengths")}
+    assert all(loaded.values())
+    assert loaded["rms_norm"].lib.rn_rows and loaded["attn_res"].lib.ar_rows and loaded["rotary_mul"].lib.ro_rows
+    assert loaded["causal_lengths"].lib.cl_lengths

@@ -1,0 +1,166 @@
+"""Measured dispatch: whether a fused op (or an ATen call the runtime binds) runs its native kernel or its torch
+path, decided from measurements on this CPU, per instruction-set level and shape class.
+
+A native kernel is taken only where it is faster than the path it replaces. The first call of an op in a shape
+class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
+inputs, alternately (one warm-up round, then up to ROUNDS rounds within BUDGET_S), keeps the faster one's
+result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
+folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build and the class,
+so a later process on this CPU starts from it (as Inductor's autotuning caches its choices). Every later call of
+the class is a dictionary lookup. Both paths must be free of side effects other than their results.
+
+ASCEND_DSA_NATIVE selects the mode, read at every call: `auto` (the default) measures; `1` takes the native
+kernel wherever it applies (tests and the kernel benchmarks use it to exercise the native code); `0` never
+loads a native kernel (kernels/native.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from npu_graph import trust
+from npu_graph.kernels import cpu_isa, native
+
+T = TypeVar("T")
+ROUNDS = 3          # timed rounds of each path (after one warm-up round)
+BUDGET_S = 0.5      # no further rounds once a measurement has taken this long
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a shape class runs and the measurement behind it (milliseconds, minima over the rounds)."""
+    impl: str               # "native" or "torch"
+    native_ms: float
+    torch_ms: float
+
+
+def mode() -> str:
+    """`auto`, `force` (ASCEND_DSA_NATIVE=1) or `off` (=0): module docstring."""
+    value = os.environ.get(native.ENV_SWITCH, "auto")
+    return {"0": "off", "1": "force"}.get(value, "auto")
+
+
+def bucket(n: int) -> int:
+    """n rounded up to a power of two (0 stays 0): sizes in one bucket share a measured choice."""
+    return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+def shape_class(*parts: Any) -> tuple:
+    """A hashable class from dtypes, flags and sizes; ints are bucketed, everything else is kept as its str."""
+    return tuple(bucket(p) if isinstance(p, int) and not isinstance(p, bool) else str(p) for p in parts)
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    wanted = sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))})
+    return hashlib.sha256("\n".join([os.uname().machine, *wanted]).encode()).hexdigest()[:16]
+
+
+def table_path() -> Path:
+    return native.cache_dir() / f"dispatch-{_cpu_identity()}.json"
+
+
+_table: dict[str, dict[str, Any]] | None = None
+
+
+def _loaded_table() -> dict[str, dict[str, Any]]:
+    global _table
+    if _table is None:
+        try:
+            _table = json.loads(trust.read_private_file(table_path()))
+        except (OSError, ValueError):       # missing, damaged or untrusted: measure again
+            _table = {}
+    return _table
+
+
+def _save(key: str, choice: Choice) -> None:
+    with _LOCK:
+        table = _loaded_table()
+        table[key] = asdict(choice)
+        try:
+            folder = trust.ensure_private_dir(table_path().parent)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix="dispatch.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(table, f, indent=1, sort_keys=True)
+            os.replace(tmp, table_path())
+        except OSError:
+            pass                            # a read-only or untrusted folder: the choice lives in this process
+
+
+def _key(op: str, library: str, cls: tuple) -> str:
+    loaded = native.load(library)
+    build = Path(loaded.reason).stem if loaded else library
+    return f"{op}|{cpu_isa.active()}|{build}|{cls}"
+
+
+def lookup(op: str, library: str, cls: tuple) -> Choice | None:
+    """The recorded choice for this class at the active level, or None when it has not been measured."""
+    found = _loaded_table().get(_key(op, library, cls))
+    return None if found is None else Choice(**found)
+
+
+def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> tuple[T, Choice]:
+    paths = {"native": native_fn, "torch": torch_fn}
+    best = {name: float("inf") for name in paths}
+    last: dict[str, T] = {}
+    start = time.perf_counter()
+    for round_ in range(ROUNDS + 1):
+        for name in (("native", "torch") if round_ % 2 else ("torch", "native")):
+            t0 = time.perf_counter()
+            last[name] = paths[name]()
+            if round_:                      # round 0 warms both paths up
+                best[name] = min(best[name], time.perf_counter() - t0)
+        if round_ >= 1 and time.perf_counter() - start > BUDGET_S:
+            break
+    impl = "native" if best["native"] <= best["torch"] else "torch"
+    return last[impl], Choice(impl, best["native"] * 1e3, best["torch"] * 1e3)
+
+
+def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> T:
+    """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
+    where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs."""
+    if mode() == "force":
+        return native_fn()
+    key = _key(op, library, cls)
+    found = _loaded_table().get(key)
+    if found is not None:
+        return native_fn() if found["impl"] == "native" else torch_fn()
+    result, choice = _measure(native_fn, torch_fn)
+    _save(key, choice)
+    return result
+
+
+def torch_path(fn: Callable[[], T]) -> Callable[[], T]:
+    """fn run with the native kernels switched off for this thread (native.disabled): an op's torch path."""
+    def without_native() -> T:
+        with native.disabled():
+            return fn()
+    return without_native
+
+
+def describe(op: str, library: str, cls: tuple) -> dict[str, Any]:
+    """For summary.json and the benchmarks: what this class runs at the active level, and why."""
+    level = cpu_isa.active()
+    if mode() != "auto":
+        return {"level": level, "impl": "native" if mode() == "force" else "torch",
+                "why": f"{native.ENV_SWITCH}={os.environ.get(native.ENV_SWITCH)}"}
+    if not native.load(library):
+        return {"level": level, "impl": "torch", "why": native.load(library).reason}
+    choice = lookup(op, library, cls)
+    if choice is None:
+        return {"level": level, "impl": "measured at first call", "why": "not yet measured on this CPU"}
+    return {"level": level, "impl": choice.impl, "native_ms": round(choice.native_ms, 4),
+            "torch_ms": round(choice.torch_ms, 4),
+            "why": f"measured: native {choice.native_ms:.3g} ms vs torch {choice.torch_ms:.3g} ms"}

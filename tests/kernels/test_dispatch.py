@@ -1,0 +1,103 @@
+"""kernels/dispatch.py: the faster path is measured once per shape class and level, remembered in memory and on
+disk, and taken from then on; ASCEND_DSA_NATIVE=1 forces the native kernels, =0 switches them off; the fused ops
+go through it and give the same results whichever path it picks."""
+import json
+import time
+
+import pytest
+import torch
+
+from npu_graph.kernels import dispatch, native
+from npu_graph.kernels.rms_norm import reference_rms_norm
+
+
+@pytest.fixture
+def table(monkeypatch, tmp_path):
+    """Measured dispatch with an empty table kept in tmp_path."""
+    monkeypatch.setenv(native.ENV_SWITCH, "auto")
+    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
+    monkeypatch.setattr(dispatch, "_table", None)
+    return tmp_path / "dispatch-test.json"
+
+
+def counting(result, seconds: float, calls: list):
+    def fn():
+        calls.append(result)
+        time.sleep(seconds)
+        return result
+    return fn
+
+
+@pytest.mark.parametrize(("value", "mode"), [("auto", "auto"), (None, "auto"), ("1", "force"), ("0", "off")])
+def test_modes(value, mode, monkeypatch):
+    if value is None:
+        monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(native.ENV_SWITCH, value)
+    assert dispatch.mode() == mode
+
+
+def test_shape_classes_bucket_sizes():
+    assert [dispatch.bucket(n) for n in (0, 1, 2, 3, 5, 64, 65, 16384)] == [0, 1, 2, 4, 8, 64, 128, 16384]
+    assert dispatch.shape_class(torch.bfloat16, 3, True) == ("torch.bfloat16", 4, "True")
+    assert dispatch.shape_class(1000) == dispatch.shape_class(1024) != dispatch.shape_class(1025)
+
+
+@pytest.mark.parametrize(("native_s", "torch_s", "winner"), [(0.004, 0.0, "torch"), (0.0, 0.004, "native")])
+def test_the_faster_path_is_measured_then_kept(table, native_s, torch_s, winner):
+    calls: list = []
+    native_fn, torch_fn = counting("native", native_s, calls), counting("torch", torch_s, calls)
+    assert dispatch.run("op", "rms_norm", ("a",), native_fn, torch_fn) == winner
+    assert {"native", "torch"} <= set(calls) and len(calls) >= 4          # a warm-up round, then timed rounds
+    calls.clear()
+    for _ in range(3):
+        assert dispatch.run("op", "rms_norm", ("a",), native_fn, torch_fn) == winner
+    assert calls == [winner] * 3
+    choice = dispatch.lookup("op", "rms_norm", ("a",))
+    assert choice.impl == winner and (choice.native_ms < choice.torch_ms) == (winner == "native")
+    saved = json.loads(table.read_text())
+    assert len(saved) == 1 and next(iter(saved.values()))["impl"] == winner
+    assert table.stat().st_mode & 0o077 == 0
+
+
+def test_a_later_process_starts_from_the_table(table, monkeypatch):
+    calls: list = []
+    dispatch.run("op", "rms_norm", ("b",), counting("native", 0.0, calls), counting("torch", 0.004, calls))
+    monkeypatch.setattr(dispatch, "_table", None)          # what a new process sees
+    calls.clear()
+    dispatch.run("op", "rms_norm", ("b",), counting("native", 0.0, calls), counting("torch", 0.0, calls))
+    assert calls == ["native"]
+
+
+def test_a_damaged_table_is_measured_again(table):
+    table.write_text("{not json")
+    calls: list = []
+    assert dispatch.run("op", "rms_norm", ("c",), counting("n", 0.0, calls), counting("t", 0.004, calls)) == "n"
+    assert json.loads(table.read_text())
+
+
+def test_forced_native_never_runs_the_torch_path(table, monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    calls: list = []
+    assert dispatch.run("op", "rms_norm", ("d",), counting("native", 0.0, calls), counting("t", 0.0, calls)) \
+        == "native"
+    assert calls == ["native"] and not table.exists()
+
+
+def test_torch_path_switches_native_off_for_the_call():
+    seen = []
+    dispatch.torch_path(lambda: seen.append(bool(native.load("rms_norm"))))()
+    assert seen == [False] and (native.load("rms_norm") or native.compiler() is None)
+
+
+@pytest.mark.skipif(not native.available("rms_norm")[0], reason="no native kernels built")
+def test_ops_go_through_dispatch(table):
+    x, gamma = torch.randn(2, 512), torch.rand(512)
+    for _ in range(2):
+        y, _ = torch.ops.ascend_dsa.rms_norm(x, gamma, 1e-6)
+        torch.testing.assert_close(y, reference_rms_norm(x, gamma, 1e-6)[0])
+    saved = json.loads(table.read_text())
+    (key,) = saved
+    assert key.startswith("rms_norm|") and saved[key]["impl"] in ("native", "torch")
+    described = dispatch.describe("rms_norm", "rms_norm", dispatch.shape_class(x.dtype, 2, 512))
+    assert described["impl"] == saved[key]["impl"] and "measured: native" in described["why"]
