@@ -179,11 +179,18 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
     def run() -> torch.Tensor:
         return _attn_res_cpu(blocks, partial, queries, norm_weight, eps)
 
+    cls = native_class(blocks, partial, queries)
+    return run() if cls is None else dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def native_class(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor, *args: object,
+                 **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for decode-sized rows when the native kernel is loaded, else
+    None."""
     n, b, t, d = blocks.shape
     if b * t > _DIRECT_ROWS or not native.load(NATIVE_SOURCE):
-        return run()
-    cls = dispatch.shape_class(blocks.dtype, n, b * t, d, partial is not None, queries.shape[0])
-    return dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+        return None
+    return dispatch.shape_class(blocks.dtype, n, b * t, d, partial is not None, queries.shape[0])
 
 
 def _attn_res_cpu(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,

@@ -101,10 +101,15 @@ def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor
     def run() -> tuple[Tensor, Tensor]:
         return _causal_lengths_cpu(mask, additive)
 
+    cls = native_class(mask, additive)
+    return run() if cls is None else dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def native_class(mask: Tensor, additive: bool = False) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for a mask the native check reads, else None."""
     if (mask.dtype, additive) not in _NATIVE_KINDS or not mask.is_cpu or not native.load(NATIVE_SOURCE):
-        return run()
-    cls = dispatch.shape_class(mask.dtype, *mask.shape)
-    return dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+        return None
+    return dispatch.shape_class(mask.dtype, *mask.shape)
 
 
 def _causal_lengths_cpu(mask: Tensor, additive: bool) -> tuple[Tensor, Tensor]:

@@ -73,6 +73,15 @@ def table_path() -> Path:
 
 
 _table: dict[str, dict[str, Any]] | None = None
+_used: dict[str, set[str]] = {}            # op -> the implementations its calls ran (for the benchmarks)
+
+
+def take_used() -> str:
+    """"op: native[LEVEL], op2: torch, ..." ("+" where shape classes of one op differ; "-" for none): what the
+    calls that went through `run` since the last take ran, for the benchmarks' rows."""
+    taken = ", ".join(f"{op}: {'+'.join(sorted(impls))}" for op, impls in sorted(_used.items())) or "-"
+    _used.clear()
+    return taken
 
 
 def _loaded_table() -> dict[str, dict[str, Any]]:
@@ -132,13 +141,18 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
     where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs."""
     if mode() == "force":
+        _used.setdefault(op, set()).add(f"native[{cpu_isa.active()}]")
         return native_fn()
     key = _key(op, library, cls)
     found = _loaded_table().get(key)
-    if found is not None:
-        return native_fn() if found["impl"] == "native" else torch_fn()
-    result, choice = _measure(native_fn, torch_fn)
-    _save(key, choice)
+    if found is None:
+        result, choice = _measure(native_fn, torch_fn)
+        _save(key, choice)
+        impl = choice.impl
+    else:
+        impl = found["impl"]
+        result = native_fn() if impl == "native" else torch_fn()
+    _used.setdefault(op, set()).add(f"native[{cpu_isa.active()}]" if impl == "native" else "torch")
     return result
 
 

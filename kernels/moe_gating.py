@@ -164,10 +164,19 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
                                         routed_scaling_factor)
         return torch_select() if done is None else (done[0].to(x.dtype), done[1], norm)
 
-    if not moe_gating_native.takes(norm):
+    cls = native_class(norm, k, bias, k_group=k_group, group_count=group_count)
+    if cls is None:
         return torch_select()
-    cls = dispatch.shape_class(*norm.shape, k, group_count, k_group, bias is not None)
     return dispatch.run(OP, moe_gating_native.NATIVE_SOURCE, cls, native_select, torch_select)
+
+
+def native_class(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
+                 group_count: int = 1, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures when the native selection takes the router's scores (fp32
+    [T, E] like x), else None."""
+    if not moe_gating_native.takes_shape(x):
+        return None
+    return dispatch.shape_class(*x.shape, k, group_count, k_group, bias is not None)
 
 
 @moe_gating_top_k.register_fake

@@ -30,9 +30,14 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     return fn
 
 
+def takes_shape(x: torch.Tensor) -> bool:
+    """Whether the native selection is loaded and takes a router of x's size (decode-sized, on the CPU)."""
+    return x.numel() <= MAX_SCORES and x.is_cpu and bool(native.load(NATIVE_SOURCE))
+
+
 def takes(norm: torch.Tensor) -> bool:
     """Whether the native selection is loaded and takes these scores (decode-sized, contiguous, on the CPU)."""
-    return norm.numel() <= MAX_SCORES and norm.is_cpu and norm.is_contiguous() and bool(native.load(NATIVE_SOURCE))
+    return takes_shape(norm) and norm.is_contiguous()
 
 
 def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count: int, group_select_mode: int,

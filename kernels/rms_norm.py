@@ -105,13 +105,21 @@ def _torch_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, T
     return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
 
 
+def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for decode rows the native kernel reads, else None (also for
+    add_rms_norm, whose sum x1 + x2 has x1's shape and dtype)."""
+    if x.numel() > FEW_ROWS_ELEMS or _native_kernel(x) is None:
+        return None
+    return dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
+
+
 def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
     """A handful of rows (decode): the native kernel or the torch arithmetic, whichever kernels/dispatch.py
     measured faster for this shape class."""
     fn = _native_kernel(x)
     if fn is None:
         return _torch_few_rows(x, gamma, epsilon)
-    cls = dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
+    cls = native_class(x, gamma)
     return dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: _native_few_rows(fn, x, gamma, epsilon),
                         lambda: _torch_few_rows(x, gamma, epsilon))
 

@@ -119,11 +119,17 @@ def rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half")
     def run() -> Tensor:
         return _rotary_mul_cpu(input, r1, r2, rotary_mode)
 
+    cls = native_class(input, r1, r2, rotary_mode)
+    return run() if cls is None else dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+
+
+def native_class(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> tuple | None:
+    """The shape class kernels/dispatch.py measures for a call the native kernel takes (a few fp32 CPU rows),
+    else None."""
     few_fp32 = input.numel() <= FEW_ELEMS and all(t.dtype == torch.float32 and t.is_cpu for t in (input, r1, r2))
     if not few_fp32 or not native.load(NATIVE_SOURCE):
-        return run()
-    cls = dispatch.shape_class(*input.shape, *(n == 1 for n in r1.shape), rotary_mode)
-    return dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+        return None
+    return dispatch.shape_class(*input.shape, *(n == 1 for n in r1.shape), rotary_mode)
 
 
 def _rotary_mul_cpu(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:

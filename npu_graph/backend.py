@@ -26,6 +26,7 @@ from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig
 from npu_graph.dump import GraphDump
+from npu_graph.implementations import refreshed_after_first_call
 from npu_graph.kernels.checks import FusedPreconditionError
 from npu_graph.report import GraphReport
 from npu_graph.verify import verified
@@ -88,6 +89,9 @@ class Backend:
             for report in reports:
                 report.cache, report.cache_reason = decision, reason
             self._write_summaries(reports)
+            if reports[0].dump_folder:
+                entries = reports[0].extra.get("implementations", [])
+                compiled = refreshed_after_first_call(compiled, entries, lambda: self._write_summaries(reports))
             return compiled
 
     def _write_summaries(self, reports: list[GraphReport]) -> None:

@@ -8,13 +8,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.table import Table
+
+from npu_graph.kernels import cpu_isa, dispatch
 
 SUITES = {
     "e2e": "npu_graph.tools.bench_e2e",
@@ -25,15 +29,28 @@ SUITES = {
 }
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def machine_info() -> dict[str, Any]:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "machine": platform.machine()}
+    return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "machine": platform.machine(), "cpu": cpu_name(), "isa_levels": list(cpu_isa.supported()),
+            "native_mode": dispatch.mode()}
 
 
 def print_table(result: dict[str, Any], console: Console) -> None:
     rows = result["rows"]
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    table = Table(title=f"ascend-dsa bench {result['suite']}")
+    machine = result.get("machine", {})
+    table = Table(title=f"ascend-dsa bench {result['suite']} — {machine.get('cpu', '?')}, native kernels at "
+                        f"{result.get('isa', '?')} ({machine.get('native_mode', '?')})")
     for column in columns:
         table.add_column(column, justify="left" if column in ("case", "backend", "candidate") else "right")
     for row in rows:
@@ -53,8 +70,14 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.suite not in SUITES:
         print(f"unknown bench suite {args.suite!r}; choose one of {sorted(SUITES)}", file=sys.stderr)
         return 2
+    if getattr(args, "isa", None):
+        try:
+            os.environ[cpu_isa.ENV_ISA] = cpu_isa.check_level(args.isa)
+        except cpu_isa.IsaError as e:
+            print(f"ascend-dsa bench: {e}", file=sys.stderr)
+            return 2
     module = importlib.import_module(SUITES[args.suite])
-    result = module.run(args)
+    result = {"isa": cpu_isa.active(), **module.run(args)}
     result["machine"] = machine_info()
     if args.json:
         print(json.dumps(result, indent=2, default=str))

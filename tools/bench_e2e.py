@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_graph
+from npu_graph.kernels import dispatch
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
@@ -96,7 +97,9 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
                 return models[backend](ids, caches[backend])
             return call
 
+        dispatch.take_used()
         medians = time_side_by_side({b: runner(b) for b in BACKENDS}, repeat=repeat, warmup=1)
+        impl = dispatch.take_used()
         op_counts = {"eager": dispatched_ops(runner("eager")), "inductor": None,
                      **{name: sum(r.ops for r in backend.reports) for name, backend in ours.items()}}
     rows = []
@@ -109,6 +112,7 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
                      "ops_dispatched": op_counts[backend],
                      "ops_vs_eager": op_counts[backend] / op_counts["eager"] if op_counts[backend] else None,
                      "max_abs_diff_vs_eager": err,
+                     "impl": impl if backend in ours else None,
                      "superkernels": sum(r.extra.get("superkernels", {}).get("count", 0)
                                          for r in ours[backend].reports) if backend in ours else None})
     return rows

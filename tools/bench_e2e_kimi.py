@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 import npu_graph
+from npu_graph.kernels import dispatch
 from npu_graph.models.tiny_transformers import build_tiny
 from npu_graph.tools.timing import time_side_by_side
 
@@ -25,13 +26,16 @@ def kimi_prefill_rows(length: int, repeat: int) -> list[dict[str, Any]]:
             start = time.perf_counter()
             logits[name] = fn(ids, use_cache=False).logits
             first[name] = time.perf_counter() - start
+        dispatch.take_used()
         medians = time_side_by_side({name: (lambda fn=fn: fn(ids, use_cache=False)) for name, fn in runners.items()},
                                     repeat=repeat, warmup=1)
+        impl = dispatch.take_used()
     kda = sum(count for r in ours.reports for op, count in r.fused_ops.items() if op == "chunk_kda")
     return [{"case": f"kimi_linear prefill {length} (tiny transformers config)", "backend": name,
              "median_ms": medians[name] * 1e3, "speedup_vs_eager": medians["eager"] / medians[name],
              "speedup_vs_inductor": medians["inductor"] / medians[name],
              "cold_compile_s": max(first[name] - medians[name], 0.0), "ops_dispatched": None, "ops_vs_eager": None,
              "max_abs_diff_vs_eager": (logits[name] - logits["eager"]).abs().max().item(),
-             "superkernels": None, "chunk_kda_calls": kda if name == "ascend_dsa" else None}
+             "superkernels": None, "chunk_kda_calls": kda if name == "ascend_dsa" else None,
+             "impl": impl if name == "ascend_dsa" else None}
             for name in runners]

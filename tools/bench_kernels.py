@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from npu_graph.kernels import dispatch
 from npu_graph.tools import bench_kernels_dsa, bench_kernels_kda, bench_kernels_quant
 from npu_graph.tools.timing import time_side_by_side
 
@@ -29,9 +30,12 @@ def _targets_met(case: dict[str, Any], medians: dict[str, float]) -> dict[str, b
 
 def measure(case: dict[str, Any], repeat: int) -> dict[str, Any]:
     rounds = min(repeat, case.get("repeat", repeat))
+    dispatch.take_used()
     medians = time_side_by_side(case["candidates"], repeat=rounds, warmup=1)
+    impl = dispatch.take_used()
     ours, baseline = medians[case["ours"]], medians[case["baseline"]]
-    row: dict[str, Any] = {"case": case["name"], **{f"{k}_ms": v * 1e3 for k, v in medians.items()},
+    row: dict[str, Any] = {"case": case["name"], "impl": impl,
+                           **{f"{k}_ms": v * 1e3 for k, v in medians.items()},
                            f"speedup_vs_{case['baseline']}": baseline / ours}
     for label, seconds in medians.items():
         if label not in (case["ours"], case["baseline"]):

@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
+    bench.add_argument("--isa", default=None, metavar="LEVEL",
+                       help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
+                            "avx512_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
     inspect_cli.add_parser(sub)
     add_cache_parser(sub)
     return parser
