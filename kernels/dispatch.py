@@ -3,8 +3,8 @@ path, decided from measurements on this CPU, per instruction-set level and shape
 
 A native kernel is taken only where it is faster than the path it replaces. The first call of an op in a shape
 class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
-inputs, alternately (one warm-up round, then up to ROUNDS rounds within BUDGET_S), keeps the faster one's
-result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
+inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget), keeps the faster
+one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
 folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build and the class,
 so a later process on this CPU starts from it (as Inductor's autotuning caches its choices). Every later call of
 the class is a dictionary lookup. Both paths must be free of side effects other than their results.
@@ -30,7 +30,9 @@ from npu_graph import trust
 from npu_graph.kernels import cpu_isa, native
 
 T = TypeVar("T")
-ROUNDS = 3          # timed rounds of each path (after one warm-up round)
+ROUNDS = 10         # at most this many timed rounds of each path (after one warm-up round) ...
+MIN_ROUNDS = 3      # ... and at least this many, unless one round takes more than BUDGET_S
+ENOUGH_S = 0.02     # no further rounds past MIN_ROUNDS once a measurement has taken this long (cheap ops get more)
 BUDGET_S = 0.5      # no further rounds once a measurement has taken this long
 _LOCK = threading.Lock()
 
@@ -131,29 +133,42 @@ def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> tuple[T, 
             last[name] = paths[name]()
             if round_:                      # round 0 warms both paths up
                 best[name] = min(best[name], time.perf_counter() - t0)
-        if round_ >= 1 and time.perf_counter() - start > BUDGET_S:
+        spent = time.perf_counter() - start
+        if round_ >= 1 and (spent > BUDGET_S or (round_ >= MIN_ROUNDS and spent > ENOUGH_S)):
             break
     impl = "native" if best["native"] <= best["torch"] else "torch"
     return last[impl], Choice(impl, best["native"] * 1e3, best["torch"] * 1e3)
 
 
+# (op, level, shape class) -> ("native" or "torch", its label for take_used), in this process
+_known: dict[tuple, tuple[str, str]] = {}
+
+
+def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
+    known = _known[(op, level, cls)] = (impl, f"native[{level}]" if impl == "native" else "torch")
+    _used.setdefault(op, set()).add(known[1])
+    return known
+
+
 def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> T:
     """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
     where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs."""
+    level = cpu_isa.active()
     if mode() == "force":
-        _used.setdefault(op, set()).add(f"native[{cpu_isa.active()}]")
+        _used.setdefault(op, set()).add(f"native[{level}]")
         return native_fn()
-    key = _key(op, library, cls)
-    found = _loaded_table().get(key)
-    if found is None:
-        result, choice = _measure(native_fn, torch_fn)
-        _save(key, choice)
-        impl = choice.impl
-    else:
-        impl = found["impl"]
-        result = native_fn() if impl == "native" else torch_fn()
-    _used.setdefault(op, set()).add(f"native[{cpu_isa.active()}]" if impl == "native" else "torch")
-    return result
+    known = _known.get((op, level, cls))         # a decode step makes ~40 of these calls: one lookup each
+    if known is None:
+        key = _key(op, library, cls)
+        found = _loaded_table().get(key)
+        if found is None:
+            result, choice = _measure(native_fn, torch_fn)
+            _save(key, choice)
+            _remember(op, level, cls, choice.impl)
+            return result
+        known = _remember(op, level, cls, found["impl"])
+    _used.setdefault(op, set()).add(known[1])
+    return native_fn() if known[0] == "native" else torch_fn()
 
 
 def torch_path(fn: Callable[[], T]) -> Callable[[], T]:

@@ -110,6 +110,10 @@ def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> t
     add_rms_norm, whose sum x1 + x2 has x1's shape and dtype)."""
     if x.numel() > FEW_ROWS_ELEMS or _native_kernel(x) is None:
         return None
+    return _shape_class(x, gamma)
+
+
+def _shape_class(x: Tensor, gamma: Tensor) -> tuple:
     return dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
 
 
@@ -119,7 +123,7 @@ def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor
     fn = _native_kernel(x)
     if fn is None:
         return _torch_few_rows(x, gamma, epsilon)
-    cls = native_class(x, gamma)
+    cls = _shape_class(x, gamma)
     return dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: _native_few_rows(fn, x, gamma, epsilon),
                         lambda: _torch_few_rows(x, gamma, epsilon))
 

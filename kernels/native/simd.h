@@ -119,8 +119,12 @@ static inline void row_to_f32(float *restrict dst, const void *src, int dtype, i
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
+    const uint16_t *s = (const uint16_t *)src;
     int64_t i = 0;
-    for (; i + VL <= n; i += VL) vstore(dst + i, vload_any(src, dtype, i));
+    if (dtype == BF16)                       /* one loop per dtype: no test inside the loop */
+        for (; i + VL <= n; i += VL) vstore(dst + i, vload_bf16(s + i));
+    else
+        for (; i + VL <= n; i += VL) vstore(dst + i, vload_f16(s + i));
     for (; i < n; i++) dst[i] = load_value(src, dtype, i);
 }
 

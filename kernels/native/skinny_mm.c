@@ -15,6 +15,9 @@
 #include <string.h>
 
 #define ROW_UNROLL 4   /* weight rows folded into the partial sums per pass over them (a quarter of the traffic) */
+#define PARALLEL_MIN_WEIGHTS (1 << 18)   /* weight values (1 MB) below which one thread streams them all: waking a
+                                            second thread costs more, and far more when another process holds its
+                                            core */
 
 /* acc [M][N] += x[:, k0:k1] @ w[k0:k1, :], ROW_UNROLL rows of w at a time. */
 static void accumulate_rows(const float *x, int64_t M, int64_t k0, int64_t k1, int64_t ldx, const float *w,
@@ -40,6 +43,11 @@ static void accumulate_rows(const float *x, int64_t M, int64_t k0, int64_t k1, i
 
 /* Returns 0, or -1 when the partial sums could not be allocated. */
 int sm_mm(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t ldw, int64_t N, float *y) {
+    if (K * N < PARALLEL_MIN_WEIGHTS) {          /* one thread, straight into y */
+        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        accumulate_rows(x, M, 0, K, ldx, w, ldw, N, y);
+        return 0;
+    }
     int threads = omp_get_max_threads();
     size_t per_thread = (size_t)(M * N);
     float *part = malloc((size_t)threads * per_thread * sizeof(float));
@@ -65,7 +73,7 @@ int sm_mm(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int
 /* y [M][N] = x [M][K] @ w^T for w [N][K] (row stride ldw). */
 void sm_mm_nt(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t ldw, int64_t N,
               float *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * K >= PARALLEL_MIN_WEIGHTS)
     for (int64_t n = 0; n < N; n++) {
         const float *restrict row = w + n * ldw;
         for (int64_t m = 0; m < M; m++) {

@@ -17,6 +17,7 @@ def table(monkeypatch, tmp_path):
     monkeypatch.setenv(native.ENV_SWITCH, "auto")
     monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
     monkeypatch.setattr(dispatch, "_table", None)
+    monkeypatch.setattr(dispatch, "_known", {})
     return tmp_path / "dispatch-test.json"
 
 
@@ -64,6 +65,7 @@ def test_a_later_process_starts_from_the_table(table, monkeypatch):
     calls: list = []
     dispatch.run("op", "rms_norm", ("b",), counting("native", 0.0, calls), counting("torch", 0.004, calls))
     monkeypatch.setattr(dispatch, "_table", None)          # what a new process sees
+    monkeypatch.setattr(dispatch, "_known", {})
     calls.clear()
     dispatch.run("op", "rms_norm", ("b",), counting("native", 0.0, calls), counting("torch", 0.0, calls))
     assert calls == ["native"]
