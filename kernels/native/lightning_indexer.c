@@ -38,6 +38,8 @@
 #endif
 #define KB_MAX 8
 #define PF_KEYS 96  /* keys ahead whose rows are prefetched (caches cold after other work: ~3%) */
+#define PARALLEL_MIN_MACS (1 << 22)   /* below ~0.1 ms of work the calling thread scores every key: waking a
+                                         team costs more, and far more when another process holds a core */
 #define CHUNK 504  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
                       sleep takes fewer), a multiple of KB_ONE and KB_MANY */
 
@@ -229,7 +231,7 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
         }
     int64_t chunks = (n + CHUNK - 1) / CHUNK;
     int failed = 0;
-#pragma omp parallel reduction(| : failed)
+#pragma omp parallel reduction(| : failed) if (n * hp * d >= PARALLEL_MIN_MACS)
     {
         float *kf = bf16_dot ? NULL : malloc((size_t)(KB_MAX * d) * sizeof(float));
         failed = !bf16_dot && !kf;

@@ -24,6 +24,7 @@
 #include "simd.h"
 
 #define CHUNK 32       /* rows converted and scored together */
+#define PARALLEL_MIN_MACS (1 << 21)   /* tokens x entries x heads x dims below which one thread does every token */
 #define RB 8           /* rows per logit micro-kernel */
 
 int sfa_has_f16(void) {
@@ -465,7 +466,8 @@ static struct cursor token_cursor(const struct selection *sel, int64_t t, int64_
 static int attend_tokens(const struct shape *sh, const struct source *src, const struct selection *sel,
                          const float *q, const float *q_rope, int threads, float *out, float *smax, float *ssum) {
     int ok = 1;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(&& : ok)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(&& : ok) \
+    if (sel->lq * sel->K * sh->Hp * (sh->DLp + sh->DRp) >= PARALLEL_MIN_MACS)
     for (int64_t t = 0; t < sel->lq; t++) {
         float *qT = query_T(sh, q, q_rope, t), *part = scratch(1, part_floats(sh));
         if (!qT || !part
