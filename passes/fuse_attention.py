@@ -305,8 +305,9 @@ def rewrite(gm: torch.fx.GraphModule, m: AttnMatch) -> None:
         fused = graph.call_function(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v, 0.0, False),
                                     {"attn_mask": _mask_input(graph, m, val(m.q).dtype), "scale": m.scale})
         out = graph.call_function(operator.getitem, (fused, 0))
-        if width != dv:
+        if width != dv:     # contiguous like the P·V product it replaces: later views of it must still apply
             out = graph.call_function(aten.slice.Tensor, (out, 3, 0, dv))
+            out = graph.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
         out_dims = [tuple(m.batch), tuple(m.heads + m.groups), tuple(m.rows), tuple(m.value_depth)]
         result = materialize(graph, out, out_dims, tracer.trace(m.anchor).dims)
         if val(m.anchor).dtype != val(m.q).dtype:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+import sympy
 import torch
 import torch.fx
+import torch.utils._sympy.functions as sympy_functions
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten, materialize, size_arg
@@ -32,7 +34,8 @@ aten = torch.ops.aten
 @dataclass
 class IndexerMatch:
     topk: torch.fx.Node
-    count: int
+    count: int                      # the fused op's sparse_count: top-k's count, or its static bound
+    count_arg: object               # top-k's count as the graph has it (an int, or a symbolic size node)
     tracer: Tracer
     q: torch.fx.Node
     k: torch.fx.Node
@@ -96,8 +99,22 @@ def _roles(tracer: Tracer, score_dims: list[Dim], leaves: tuple[Expr, Expr, Expr
     return {"batch": batch, "rows": rows, "heads": heads, "depth": depth, "keys": keys}
 
 
+def static_count(count: object) -> int | None:
+    """top-k's count when it is an int, or the static bound of a symbolic count min(K, ...) (a DSA model's
+    `min(index_topk, cache length)`): the fused op then selects K and the result is sliced to the count."""
+    if isinstance(count, int):
+        return count
+    value = count.meta.get("val") if isinstance(count, torch.fx.Node) else None
+    expr = value.node.expr if isinstance(value, torch.SymInt) else None
+    if isinstance(expr, (sympy.Min, sympy_functions.Min)):
+        bounds = [int(a) for a in expr.args if a.is_Integer]
+        return min(bounds) if bounds else None
+    return None
+
+
 def match(topk: torch.fx.Node) -> IndexerMatch:
-    x, count = topk.args[0], topk.args[1]
+    x, count_arg = topk.args[0], topk.args[1]
+    count = static_count(count_arg)
     dim = topk.args[2] if len(topk.args) > 2 else -1
     largest = topk.args[3] if len(topk.args) > 3 else True
     score, mask = peel_mask(x)
@@ -105,16 +122,17 @@ def match(topk: torch.fx.Node) -> IndexerMatch:
     traced = tracer.trace(score)
     expr = traced.expr
     near = _has_relu(expr)
-    if not isinstance(count, int) or dim % val(x).dim() != val(x).dim() - 1 or not largest:
-        raise NoMatch("top-k is not a static count over the last dim, largest first", near)
-    if mask is not None and any(s != 1 for s in val(mask.tensor).shape[:val(mask.tensor).dim() - val(x).dim()]):
+    if count is None or dim % val(x).dim() != val(x).dim() - 1 or not largest:
+        raise NoMatch("top-k is not over the last dim, largest first, with a static count or bound", near)
+    extra = val(mask.tensor).dim() - val(x).dim() if mask is not None else 0
+    if extra > 0 and any(s != 1 for s in val(mask.tensor).shape[:extra]):
         raise NoMatch("the mask has more dims than the score", near)
     try:
         w, q, k, inner, scale = _split_factors(tracer, expr)
         roles = _roles(tracer, traced.dims, (w, q, k), list(flatten(expr).reduced), list(inner.reduced))
     except (NoMatch, TraceError, KeyError) as exc:
         raise NoMatch(str(exc), near) from exc
-    return IndexerMatch(topk, count, tracer, q.node, k.node, w.node, scale=scale, mask=mask, **roles)
+    return IndexerMatch(topk, count, count_arg, tracer, q.node, k.node, w.node, scale=scale, mask=mask, **roles)
 
 
 def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, torch.fx.Node | None, str]:
@@ -157,20 +175,27 @@ def _replace_outputs(graph: torch.fx.Graph, m: IndexerMatch, fused: torch.fx.Nod
     out_shape = [size_arg(graph, list(d)) for d in m.tracer.trace(peel_mask(m.topk.args[0])[0]).dims[:-1]]
     out_shape.append(m.count)
     if indices_out is not None:
-        idx = graph.call_function(operator.getitem, (fused, 0))
-        idx = graph.call_function(aten.reshape.default, (idx, out_shape))
-        last = graph.call_function(aten.sub.Tensor, (size_arg(graph, list(m.keys)), 1)) \
-            if not isinstance(size_arg(graph, list(m.keys)), int) else size_arg(graph, list(m.keys)) - 1
+        idx = _to_count(graph, m, graph.call_function(operator.getitem, (fused, 0)), out_shape)
+        keys = size_arg(graph, list(m.keys))
+        last = keys - 1 if isinstance(keys, int) else graph.call_function(operator.sub, (keys, 1))
         padded = graph.call_function(aten.lt.Scalar, (idx, 0))
         idx = graph.call_function(aten.where.ScalarSelf, (padded, last, idx))
         idx = graph.call_function(aten._to_copy.default, (idx,), {"dtype": val(indices_out).dtype})
         idx.meta["ascend_dsa_indexer"] = fused
         indices_out.replace_all_uses_with(idx)
     if values_out is not None:
-        values = graph.call_function(operator.getitem, (fused, 1))
-        values = graph.call_function(aten.reshape.default, (values, out_shape))
+        values = _to_count(graph, m, graph.call_function(operator.getitem, (fused, 1)), out_shape)
         values = graph.call_function(aten._to_copy.default, (values,), {"dtype": val(values_out).dtype})
         values_out.replace_all_uses_with(values)
+
+
+def _to_count(graph: torch.fx.Graph, m: IndexerMatch, part: torch.fx.Node, shape: list) -> torch.fx.Node:
+    """One output of the fused op in top-k's shape: reshaped, and sliced to a symbolic count (the fused op
+    selected its static bound; its results are sorted, so the first `count` are top-k's)."""
+    part = graph.call_function(aten.reshape.default, (part, shape))
+    if isinstance(m.count_arg, torch.fx.Node):
+        part = graph.call_function(aten.slice.Tensor, (part, -1, 0, m.count_arg))
+    return part
 
 
 def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:

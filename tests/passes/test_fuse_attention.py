@@ -118,6 +118,18 @@ def test_different_qk_and_v_head_dims_are_padded(ops):
     assert after["aten.constant_pad_nd.default"] == 1
 
 
+def test_padded_output_keeps_the_layout_later_views_need(ops):
+    """Kimi Linear's MLA decode: [B,H,T,Dv] P·V, transposed and `view`ed flat; the padded fused output is
+    sliced back to Dv and must be contiguous again, or that view fails at compile time."""
+    def mla_then_view(q, k, v):
+        probs = (q @ k.transpose(-1, -2) * 0.3).softmax(-1)
+        return (probs @ v).transpose(1, 2).reshape(1, -1)
+
+    stats, before, after = run(mla_then_view, torch.randn(1, 4, 1, 24), torch.randn(1, 4, 9, 24),
+                               torch.randn(1, 4, 9, 16), ops=ops)
+    assert_fused(stats, before, after)
+
+
 def test_sdpa_math_decomposition_with_safe_softmax(ops):
     def sdpa(q, k, v):  # different head dims: SDPA decomposes into matmuls and _safe_softmax at capture
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)

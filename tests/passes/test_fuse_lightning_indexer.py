@@ -144,3 +144,38 @@ def test_non_causal_mask_falls_back_to_eager_at_run_time():
     with pytest.warns(npu_graph.backend.CompilationFallbackWarning, match="not right-down causal"):
         ref, out, report, _ = run(strided, q, k, w, positions)
     assert report.fused_ops.get("lightning_indexer") == 1 and torch.equal(ref, out)
+
+
+def _min_count_decode(q, k, w, positions):
+    """DSA decode as transformers' deepseek_v32 writes it: top-k of min(index_topk, number of keys)."""
+    scores = (torch.einsum("bthd,bsd->bths", q, k).relu() * w[..., None]).sum(2)
+    return scores.topk(min(K, scores.shape[-1]), dim=-1).indices
+
+
+@pytest.mark.parametrize("keys", [5, 24])
+def test_symbolic_count_min_of_topk_and_cache_length(keys):
+    """A symbolic count min(K, S2) fuses (sparse_count K, result sliced to the count), whether the cache holds
+    fewer keys than K or more; one graph serves both."""
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    compiled = torch.compile(_min_count_decode, backend=backend, dynamic=True)
+    torch.manual_seed(0)
+    for n in (keys + 1, keys):
+        q, k, w = torch.randn(B, 1, H, D), torch.randn(B, n, D), torch.randn(B, 1, H)
+        with torch.no_grad():
+            ref, out = _min_count_decode(q, k, w, None), compiled(q, k, w, None)
+        assert out.shape == ref.shape
+        assert [set(r) for r in out.reshape(B, -1).tolist()] == [set(r) for r in ref.reshape(B, -1).tolist()]
+    assert len(backend.reports) == 1
+    assert backend.reports[0].fused_ops == {"lightning_indexer": 1}
+
+
+def test_additive_mask_with_fewer_dims_than_the_score_broadcasts():
+    """DeepSeek-V3.2's inference code adds a [S, T] causal mask to the [B, S, T] score (`index_score += mask`)."""
+    def inference_style(q, k, w, positions):
+        score = (torch.einsum("bshd,btd->bsht", q, k).relu() * w[..., None]).sum(dim=2)
+        mask = torch.full((q.shape[1], S), float("-inf")).triu_(S - q.shape[1] + 1)
+        score += mask
+        return score.topk(min(K, S), dim=-1)[1]
+
+    report = check(inference_style)
+    assert report.fused_ops == {"causal_lengths": 1, "lightning_indexer": 1}
