@@ -152,7 +152,7 @@ def rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, T
 @rms_norm.register_fake
 def _(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     _check("rms_norm", x, gamma, epsilon)
-    return torch.empty_like(x), x.new_empty(_rstd_shape(x.shape, gamma.dim()), dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(_rstd_shape(x.shape, gamma.dim()), dtype=torch.float32)
 
 
 def reference_rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
@@ -175,7 +175,7 @@ def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -
     if static_checks_needed():
         _check_add(x1, x2, gamma, epsilon)
     if x1.numel() <= FEW_ROWS_ELEMS:
-        x = x1 + x2
+        x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
         return (*_rms_norm_few_rows(x, gamma, epsilon), x)
     n = gamma.numel()
     a, b = x1.contiguous().view(-1, n), x2.contiguous().view(-1, n)
@@ -192,7 +192,7 @@ def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -
 def _(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
     _check_add(x1, x2, gamma, epsilon)
     rstd = x1.new_empty(_rstd_shape(x1.shape, gamma.dim()), dtype=torch.float32)
-    return torch.empty_like(x1), rstd, torch.empty_like(x1)
+    return x1.new_empty(x1.shape), rstd, x1.new_empty(x1.shape)      # contiguous, as the CPU paths return
 
 
 def reference_add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor,

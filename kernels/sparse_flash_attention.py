@@ -444,4 +444,4 @@ def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value,
                   sparse_mode)
     batch, s1, n1 = query.shape[:3]
     stats = query.new_empty((batch, s1, n1), dtype=torch.float32)
-    return torch.empty_like(query), stats, torch.empty_like(stats)
+    return query.new_empty(query.shape), stats, torch.empty_like(stats)     # contiguous, as the CPU path returns

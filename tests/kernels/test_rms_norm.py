@@ -145,3 +145,16 @@ def test_results_do_not_depend_on_the_row_block_size(monkeypatch):
     split = (*OPS.rms_norm(x1, gamma), *OPS.add_rms_norm(x1, x2, gamma))
     for a, b in zip(whole, split):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [6, 5120])     # the few-rows path and the blocked one
+def test_outputs_are_contiguous_for_permuted_inputs_as_the_fakes_say(dtype, rows):
+    """Inductor checks that what it calls has the strides the fake promised."""
+    def permuted():
+        return torch.randn(4, rows, 32).transpose(0, 1).to(dtype)
+
+    x1, x2, gamma = permuted(), permuted(), torch.randn(32, dtype=dtype)
+    torch.library.opcheck(torch.ops.ascend_dsa.rms_norm.default, (x1, gamma, 1e-6))
+    torch.library.opcheck(torch.ops.ascend_dsa.add_rms_norm.default, (x1, x2, gamma, 1e-6))
+    torch.library.opcheck(torch.ops.ascend_dsa.add_rms_norm.default, (x1.contiguous(), x2, gamma, 1e-6))

@@ -260,3 +260,12 @@ def test_opcheck():
     torch.library.opcheck(OP.default, (q, cache, cache, idx, 0.1),
                           {"block_table": table, "query_rope": qr, "key_rope": rope_cache, "layout_kv": "PA_BSND",
                            "actual_seq_lengths_kv": torch.tensor([40, 35], dtype=torch.int32)})
+
+
+def test_fake_output_layout_matches_the_cpu_path_for_a_permuted_query():
+    """A query laid out [B, N, S, D] and viewed as BSND (what attention code hands over): the output is
+    contiguous on every path, and the fake says so (Inductor checks the strides of what it calls)."""
+    q, kv, qr, kr = make_inputs(2, 3, 4, 64, 16, 40, torch.float32)
+    q, qr = q.transpose(1, 2).contiguous().transpose(1, 2), qr.transpose(1, 2).contiguous().transpose(1, 2)
+    torch.library.opcheck(OP.default, (q, kv, kv, random_indices(2, 3, 40, 8, pad=2), 0.1),
+                          {"query_rope": qr, "key_rope": kr})
