@@ -21,10 +21,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
     bench = sub.add_parser("bench", help="benchmarks measured side by side (ours vs eager vs Inductor)")
-    bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp, quant")
+    bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp, quant, generate "
+                       "(transformers generate(): prefill ms, decode tokens/s, cold first call, recompiles)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
+    bench.add_argument("--busy", action="store_true",
+                       help="generate only: keep one core busy in a separate process while measuring")
     bench.add_argument("--isa", default=None, metavar="LEVEL",
                        help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
                             "avx512_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
