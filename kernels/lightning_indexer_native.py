@@ -14,6 +14,7 @@ path then.
 """
 import ctypes
 import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -93,15 +94,24 @@ def _scorer(fn: ctypes._CFuncPtr, bf16_dot: bool, key: Tensor, block_table: Tens
 def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
              k: int) -> Callable[..., tuple[Tensor, Tensor]] | None:
     """`topk(b, limit, q_row, w_row) -> (indices [1, k] int32, values [1, k] fp32)`: row_scorer's scores and
-    their k largest, sorted descending (equal scores by position), -1 / -inf padding when limit < k; None
-    when the native kernel does not take these inputs."""
+    their k largest, sorted descending, -1 / -inf padding when limit < k; None when the native kernel does not
+    take these inputs. Which of several equal scores at the k-th place are kept is torch.topk's choice, as in
+    eager (ReLU makes exact zeros common: a model's greedy tokens must not depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
     score, select = _scorer(found[0], found[2], key, block_table), found[1]
 
     def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> tuple[Tensor, Tensor]:
-        return select_topk(select, score(b, limit, q_row, w_row), k)
+        scores = score(b, limit, q_row, w_row)
+        if limit <= k:
+            return select_topk(select, scores, k)
+        indices, values = select_topk(select, scores, k + 1)
+        kth, next_ = values[0, k - 1].item(), values[0, k].item()
+        if kth == next_ and math.isfinite(kth):     # equal scores straddle the cut: torch.topk decides
+            top, where = scores.topk(k)
+            return where.to(torch.int32).unsqueeze(0), top.unsqueeze(0)
+        return indices[:, :k], values[:, :k]
 
     return topk
 

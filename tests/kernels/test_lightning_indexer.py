@@ -7,11 +7,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_paths import native_and_torch
 
 from npu_graph.kernels import lightning_indexer as li
 from npu_graph.kernels import native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
+path = native_and_torch(li.lightning_indexer_native.NATIVE_SOURCE)
 
 
 def make_inputs(batch, s1, n1, d, s2, dtype=torch.float32, seed=0):
@@ -295,3 +297,19 @@ def test_opcheck():
     torch.library.opcheck(OP.default, (q, cache, w), {"block_table": table, "layout_key": "PA_BSND",
                                                       "actual_seq_lengths_key": torch.tensor([40, 33]),
                                                       "sparse_count": 8, "sparse_mode": 0})
+
+
+@pytest.mark.parametrize("keys", [64, 65])
+def test_equal_scores_at_the_cut_are_chosen_as_torch_topk_chooses(path, keys):
+    """ReLU makes exact zero scores common (random tiny models): when zeros straddle the k-th place, the kept
+    keys are the ones eager's `topk` keeps, so a model's greedy tokens do not depend on the path taken."""
+    torch.manual_seed(3)
+    heads, dim, k = 4, 16, 8
+    q = torch.randn(1, 1, heads, dim).abs()
+    key = -torch.rand(1, keys, dim)           # q·k < 0 for every head: ReLU gives exact zeros ...
+    key[0, [5, 40]] = torch.rand(2, dim)      # ... but for two keys
+    w = torch.rand(1, 1, heads)
+    eager = (torch.einsum("bthd,bsd->bths", q, key).relu() * w[..., None]).sum(2).topk(k).indices
+    got, _ = li.lightning_indexer(q, key.unsqueeze(2), w, sparse_count=k, sparse_mode=0)
+    assert got.reshape(-1).tolist()[:2] == eager.reshape(-1).tolist()[:2]
+    assert set(got.reshape(-1).tolist()) == set(eager.reshape(-1).tolist())
