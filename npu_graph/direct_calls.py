@@ -8,7 +8,8 @@ identical. (The runtime runs the graph inside `kernels.checks.shapes_checked_at_
 static argument checks their fake implementations made at trace time.) The stored source (and the cache)
 keep the `torch.ops` form. `bind_aten_calls` does the same for the ATen calls: each `torch.ops.aten.*` overload
 is bound once to its Python binding where that takes the same arguments (PYTHON_BINDINGS), else to the C++
-callable its `__call__` forwards to.
+callable its `__call__` forwards to; the overloads whose kernels fork a thread team for tiny work run small
+calls on one thread (npu_graph.serial_calls).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 from torch._library import custom_ops
+
+from npu_graph.serial_calls import serial_when_small
 
 _CALL = re.compile(r"torch\.ops\.ascend_dsa\.(\w+)\.default\(")
 _ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)\(")
@@ -72,7 +75,8 @@ def bind_aten_calls(source: str) -> tuple[str, dict[str, Callable[..., Any]]]:
     def replace(match: re.Match) -> str:
         name = f"{ATEN_PREFIX}{match.group(1)}_{match.group(2)}"
         if name not in functions:
-            functions[name] = aten_callable(match.group(1), match.group(2))
+            overload = f"{match.group(1)}.{match.group(2)}"
+            functions[name] = serial_when_small(overload, aten_callable(match.group(1), match.group(2)))
         return f"{name}("
 
     return _ATEN_CALL.sub(replace, source), functions

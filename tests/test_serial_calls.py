@@ -1,0 +1,52 @@
+"""npu_graph.serial_calls: small calls of the ATen ops that fork a thread team for tiny work run on one thread
+(same kernel, same result), larger ones keep the team; the runtime binds them so."""
+import pytest
+import torch
+
+from npu_graph import direct_calls
+from npu_graph.serial_calls import SMALL_ELEMENTS, serial_when_small
+
+
+def recording(results):
+    def fn(*args):
+        results.append(torch.get_num_threads())
+        return torch.bmm(*args) if len(args) == 2 else args[0]
+    return fn
+
+
+def test_small_bmm_runs_on_one_thread_and_restores_the_count():
+    threads = torch.get_num_threads()
+    seen = []
+    bmm = serial_when_small("bmm.default", recording(seen))
+    a, b = torch.randn(4, 1, 32), torch.randn(4, 32, 16)
+    assert torch.equal(bmm(a, b), torch.bmm(a, b))
+    assert seen == [1 if threads > 1 else threads] and torch.get_num_threads() == threads
+
+
+def test_large_calls_keep_the_thread_team():
+    threads = torch.get_num_threads()
+    seen = []
+    bmm = serial_when_small("bmm.default", recording(seen))
+    softmax = serial_when_small("_softmax.default", recording(seen))
+    bmm(torch.randn(8, 128, 128), torch.randn(8, 128, 128))
+    softmax(torch.randn(SMALL_ELEMENTS + 1))
+    assert seen == [threads, threads]
+
+
+def test_an_error_inside_restores_the_thread_count():
+    threads = torch.get_num_threads()
+
+    def failing(*args):
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        serial_when_small("topk.default", failing)(torch.randn(3))
+    assert torch.get_num_threads() == threads
+
+
+def test_other_overloads_are_returned_unchanged_and_the_runtime_binds_the_listed_ones():
+    assert serial_when_small("mul.Tensor", torch.mul) is torch.mul
+    _, functions = direct_calls.bind_aten_calls("y = torch.ops.aten.bmm.default(a, b)\n")
+    assert functions["_aten_bmm_default"] is not torch.bmm
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    assert torch.equal(functions["_aten_bmm_default"](a, b), torch.bmm(a, b))
