@@ -17,12 +17,13 @@ Levels, lowest first (each includes the ones before it):
 from __future__ import annotations
 
 import functools
-import os
 import platform
 from pathlib import Path
 
+from npu_graph.kernels import env_settings
+
 LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")
-ENV_ISA = "ASCEND_DSA_CPU_ISA"
+ENV_ISA = env_settings.ISA
 
 # /proc/cpuinfo flags each level needs (the kernel lists a flag only when the OS saves the registers too).
 _REQUIRED = {
@@ -85,7 +86,7 @@ def best() -> str:
 def active() -> str:
     """The level the native kernels run at: ASCEND_DSA_CPU_ISA when set (checked), else `best()`. Read at every
     call, so the level can be forced at any time."""
-    forced = os.environ.get(ENV_ISA)
+    forced = env_settings.get(ENV_ISA)
     if not forced:
         return best()
     return check_level(forced)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from npu_graph import trust
-from npu_graph.kernels import cpu_isa, native
+from npu_graph.kernels import cpu_isa, env_settings, native
 
 T = TypeVar("T")
 ROUNDS = 10         # at most this many timed rounds of each path (after one warm-up round) ...
@@ -47,7 +47,7 @@ class Choice:
 
 def mode() -> str:
     """`auto`, `force` (ASCEND_DSA_NATIVE=1) or `off` (=0): module docstring."""
-    value = os.environ.get(native.ENV_SWITCH, "auto")
+    value = env_settings.get(native.ENV_SWITCH, "auto")
     return {"0": "off", "1": "force"}.get(value, "auto")
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
 from npu_graph import trust
-from npu_graph.kernels import cpu_isa, native_trust
+from npu_graph.kernels import cpu_isa, env_settings, native_trust
 
 SOURCE_DIR = Path(__file__).parent / "native"
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
@@ -54,10 +54,10 @@ _X86_LEVEL_FLAGS = {
     "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic", "-mprefer-vector-width=512"),
 }
 BUILD_TIMEOUT_S = 120
-ENV_SWITCH = "ASCEND_DSA_NATIVE"
+ENV_SWITCH = env_settings.SWITCH
 ENV_DIR = "ASCEND_DSA_NATIVE_DIR"
 ENV_CC = "ASCEND_DSA_CC"
-ENV_CFLAGS = "ASCEND_DSA_NATIVE_CFLAGS"     # extra compiler flags (e.g. sanitizers), part of the library's key
+ENV_CFLAGS = env_settings.CFLAGS
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def compiler() -> str | None:
 def level_flags(level: str) -> tuple[str, ...]:
     """The compiler flags of one level: FLAGS, plus the level's target flags on x86 (elsewhere only the
     generic level exists, built for the architecture's baseline), plus ASCEND_DSA_NATIVE_CFLAGS."""
-    extra = tuple(os.environ.get(ENV_CFLAGS, "").split())
+    extra = tuple(env_settings.get(ENV_CFLAGS, "").split())
     return FLAGS + (_X86_LEVEL_FLAGS[level] if cpu_isa.is_x86() else ()) + extra
 
 
@@ -128,11 +128,11 @@ def load(name: str) -> Native:
     """The library built from kernels/native/<name>.c for the active level, building it on first use (module
     docstring). ASCEND_DSA_NATIVE=0 and ASCEND_DSA_CPU_ISA are read at every call, so they may be set at any
     time; a forced level this CPU lacks raises cpu_isa.IsaError."""
-    if os.environ.get(ENV_SWITCH) == "0":
+    if env_settings.get(ENV_SWITCH) == "0":
         return Native(None, f"{ENV_SWITCH}=0 is set")
     if getattr(_THREAD, "disabled", False):
         return Native(None, "the torch path was chosen for this call (kernels/dispatch.py)")
-    return _load(name, cpu_isa.active(), os.environ.get(ENV_CFLAGS, ""))
+    return _load(name, cpu_isa.active(), env_settings.get(ENV_CFLAGS, ""))
 
 
 _THREAD = threading.local()

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls
-from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
+from npu_graph.kernels import dense_attention, depthwise_conv1d, env_settings, skinny_mm
 from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.superkernel import bind_regions
 
@@ -71,7 +71,7 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> Any:
         inputs = list(args)
         args.clear()
-        with shapes_checked_at_trace():
+        with shapes_checked_at_trace(), env_settings.frozen():
             if self._prologue is None:
                 return self._forward(self._self, *inputs)
             return self._forward(self._self, *inputs, *self._hoisted_values(inputs))
