@@ -50,6 +50,7 @@ class SparseMatch:
     mask: torch.fx.Node | None = None
     position: torch.fx.Node | None = None
     mask_kind: str = "additive"
+    head_dims: list[int] = field(default_factory=list)   # the attention's dims made only of head axes (from the right)
 
 
 def _sparse_evidence(value: Expr, additive: torch.fx.Node | None) -> bool:
@@ -121,7 +122,10 @@ def _assign_query_axes(m: SparseMatch, softmax_node: torch.fx.Node, mask_shape: 
     dims = tracer.trace(softmax_node).dims
     shape = [1] * len(dims) if mask_shape is None else [1] * (len(dims) - len(mask_shape)) + mask_shape
     key_ids = {id(a) for a in m.keys}
-    for dim, size in zip(dims, shape):
+    for i, (dim, size) in enumerate(zip(dims, shape)):
+        if flat(dim) and isinstance(size, int) and size == 1 and all(
+                id(a) in rq and id(a) not in rk and id(a) not in key_ids for a in flat(dim)):
+            m.head_dims.append(i - len(dims))
         for a in flat(dim):
             root = id(a)
             if root in key_ids:
@@ -177,7 +181,9 @@ def _lengths(graph: torch.fx.Graph, m: SparseMatch) -> tuple[object, object]:
     if m.mask is None:
         return None, None
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
-    return causal_lengths_from_mask(graph, m.mask, shape, shape, m.mask_kind)
+    rank = val(m.mask).dim()
+    heads = [rank + i for i in m.head_dims if rank + i >= 0 and val(m.mask).shape[rank + i] == 1]
+    return causal_lengths_from_mask(graph, m.mask, shape, shape, m.mask_kind, heads)
 
 
 def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:

@@ -35,15 +35,19 @@ def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
 
 
 def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_shape: list[object],
-                             flat_shape: list[object], kind: str) -> tuple[torch.fx.Node, torch.fx.Node]:
+                             flat_shape: list[object], kind: str, heads: list[int] | None = None
+                             ) -> tuple[torch.fx.Node, torch.fx.Node]:
     """Emit `ascend_dsa.causal_lengths` on a mask (kind: visible / invisible bool, or additive float) broadcast
     to the score (`score_shape`) and laid out as [batch, rows, keys] (`flat_shape`); returns the (query, key)
-    length nodes."""
-    extra = val(mask).dim() - len(score_shape)
+    length nodes. `heads`: the mask's size-1 dims along attention heads, which the score does not have (a
+    [B, 1, S, K] attention mask); other dims the mask has beyond the score's are leading ones of size 1."""
+    rank = val(mask).dim()
+    drop = sorted(heads or [])[:max(rank - len(score_shape), 0)]
+    drop += [d for d in range(rank) if d not in drop][:max(rank - len(drop) - len(score_shape), 0)]
     if kind == "invisible":
         mask = graph.call_function(torch.ops.aten.logical_not.default, (mask,))
-    if extra > 0:
-        mask = graph.call_function(torch.ops.aten.squeeze.dims, (mask, list(range(extra))))
+    if drop:
+        mask = graph.call_function(torch.ops.aten.squeeze.dims, (mask, sorted(drop)))
     mask = graph.call_function(torch.ops.aten.expand.default, (mask, score_shape))
     if score_shape is not flat_shape:
         mask = graph.call_function(torch.ops.aten.reshape.default, (mask, flat_shape))

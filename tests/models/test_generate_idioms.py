@@ -3,6 +3,7 @@ eager's, every graph compiles (no eager fallback), and nothing compiles after th
 import pytest
 import torch
 
+import npu_graph
 from npu_graph.backend import Backend, CompilationFallbackWarning
 
 transformers = pytest.importorskip("transformers")
@@ -21,11 +22,6 @@ COMPILES = {
     "optimized_module": [0, 0, 0],  # torch.compile(model).generate is the original module's: nothing compiles
 }
 # The left-padded batch fails in the backend on DeepSeek-V3.2 (sparse attention with a [B, 1, S, K] mask).
-DSA_BATCH_BUG = ("fuse_sparse_attention: causal_lengths_from_mask (passes/fusion_graph.py) squeezes dim 0 of the "
-                 "[B, 1, S, K] attention mask instead of the head dim, so for batch > 1 the mask stays 4-D and "
-                 "expand(mask, [B, S, K]) fails in refresh_meta: every graph falls back to eager")
-
-
 @pytest.fixture
 def compiles(monkeypatch):
     """One entry per call of the ascend_dsa backend during the test: the reports that call added. The disk cache
@@ -41,6 +37,12 @@ def compiles(monkeypatch):
 
     monkeypatch.setattr(Backend, "__call__", counted)
     return calls
+
+# The fused indexer and sparse attention take per-row key lengths (right-down causal), not per-row start offsets:
+# a left-padded row's mask hides keys at the start, causal_lengths refuses it at run time and the graph runs
+# eagerly with one warning (tokens stay right). A batch of equal-length prompts, or a mask of ones, compiles.
+DSA_LEFT_PADDING = ("left padding: the fused DSA ops take per-row key lengths, not start offsets, so the graph of "
+                    "a left-padded batch runs eagerly (one warning)")
 
 
 def prompt(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,8 +164,7 @@ def test_compile_config_is_skipped_on_cpu_by_default(tiny_transformers, compiles
 
 @pytest.mark.parametrize(("name", "tokens", "graphs"), [
     ("qwen3_moe", 8, 3),
-    # the prefill alone (one graph) shows the bug at the least cost; the slow matrix runs 32 tokens
-    pytest.param("deepseek_v32", 1, 1, marks=pytest.mark.xfail(strict=True, reason=DSA_BATCH_BUG)),
+    pytest.param("deepseek_v32", 1, 1, marks=pytest.mark.xfail(strict=True, reason=DSA_LEFT_PADDING)),
 ])
 def test_left_padded_batch_generates_eager_tokens_per_row(name, tokens, graphs, tiny_transformers, compiles,
                                                           recwarn):
@@ -181,7 +182,7 @@ def _matrix():
         for name in FAMILIES:
             yield pytest.param(name, idiom, id=f"{name}-{idiom}")
     for name in FAMILIES:
-        marks = [pytest.mark.xfail(strict=True, reason=DSA_BATCH_BUG)] if name == "deepseek_v32" else []
+        marks = [pytest.mark.xfail(strict=True, reason=DSA_LEFT_PADDING)] if name == "deepseek_v32" else []
         yield pytest.param(name, "left_padded", id=f"{name}-left_padded", marks=marks)
 
 
@@ -196,3 +197,15 @@ def test_generate_matrix(name, idiom, tiny_transformers, compiles, recwarn):
         inputs = [prompt(n, i) for i, n in enumerate(LENGTHS)]
         counts = check_idiom(tiny_transformers(name), idiom, inputs, TOKENS, compiles, recwarn)
         assert counts == COMPILES[idiom]
+
+
+def test_batched_prompts_with_a_mask_of_ones_fuse_dsa(tiny_transformers):
+    """A [B, 1, S, K] attention mask with B > 1: its head dim (not the batch dim) is dropped for the lengths."""
+    model = tiny_transformers("deepseek_v32")
+    ids = torch.randint(3, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    backend = npu_graph.get_backend({"strict": True, "cache": False})
+    with torch.no_grad():
+        ref = model(ids, attention_mask=torch.ones_like(ids)).logits
+        out = torch.compile(model, backend=backend)(ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert backend.reports[-1].fused_ops["sparse_flash_attention"] == 2
