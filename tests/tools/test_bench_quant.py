@@ -2,6 +2,7 @@
 and the fused-call recorder sees the ops it compares."""
 import dataclasses
 
+import pytest
 import torch
 
 from npu_graph.cpu_gemm_profile import measure
@@ -58,6 +59,7 @@ def test_fp8_kv_attention_rerun_on_identical_inputs() -> None:
     assert 0.999 < cosine < 1.0
 
 
+@pytest.mark.slow     # ~2 min on a 2-core machine: five compiled runs of the tiny model
 def test_ablations_split_the_error_and_show_the_rounding_floor() -> None:
     config = dataclasses.replace(HybridConfig.named("tiny"), kv_lora_rank=128)   # an FP8 cache needs 128
     reference = reference_run("tiny", config, 40, 2)
