@@ -26,12 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from npu_graph.kernels import dispatch, native
+from npu_graph.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "skinny_mm"
 MAX_ROWS = 4            # measured: parity with MKL at 8 rows of a [512, 512] weight, 1.3-2.4x faster at 4
 NAME = "_ascend_dsa_skinny_mm"
 _CALL = "torch.ops.aten.mm.default("
-_aten_mm = torch.ops.aten.mm.default
+_aten_mm = serial_when_small("mm.default", torch.ops.aten.mm.default)     # products it does not take
 _F32 = torch.float32
 
 

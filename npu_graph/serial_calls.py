@@ -1,13 +1,14 @@
 """Small calls of the ATen ops that split tiny work across threads run on the calling thread alone.
 
-ATen's CPU kernels for bmm, softmax, index_select, topk and sort parallelize over their batch or outer rows
-with a grain of about one, so a decode-sized call ([4, 1, 32] @ [4, 32, 16]) wakes the whole OpenMP team. On
-an idle machine that costs microseconds; when another process holds a core it costs a scheduler time slice:
-the team's barrier waits for a thread that is not running (measured on the 2-core VM with one core busy: a
-[4, 1, 32] @ [4, 32, 16] bmm 8–16 ms instead of 5 µs, a decode step of the tiny deepseek_v32 model 180 ms
-instead of 6 ms). Below a size where one thread does the work in a few microseconds (`SMALL_ELEMENTS`, ATen's
-own grain under which elementwise ops never fork; `SMALL_MACS` for products), the runtime calls these ops with
-one intra-op thread. It is the same kernel, so the results are identical; the thread count is restored at once.
+ATen's CPU kernels for bmm, softmax, layer norm, index_select, topk and sort parallelize over their batch or
+outer rows with a grain of about one, and BLAS threads small mm / addmm products, so a decode-sized call
+([4, 1, 32] @ [4, 32, 16]) wakes the whole OpenMP team. On an idle machine that costs microseconds; when another
+process holds a core it costs a scheduler time slice: the team's barrier waits for a thread that is not running
+(measured on the 2-core VM with one core busy: a [4, 1, 32] @ [4, 32, 16] bmm 8–16 ms instead of 5 µs, a decode
+step of the tiny deepseek_v32 model 180 ms instead of 6 ms). Below a size where one thread does the work in a few
+microseconds (`SMALL_ELEMENTS`, ATen's own grain under which elementwise ops never fork; `SMALL_MACS` for
+products), the runtime calls these ops with one intra-op thread. It is the same kernel, so the results are
+identical; the thread count is restored at once.
 """
 from __future__ import annotations
 
@@ -29,9 +30,16 @@ def _bmm_macs(args: tuple[Any, ...]) -> int:
     return math.prod(args[0].shape) * args[1].shape[-1]     # [B, M, K] @ [B, K, N]: B·M·K·N
 
 
+def _addmm_macs(args: tuple[Any, ...]) -> int:
+    return math.prod(args[1].shape) * args[2].shape[-1]     # bias + [M, K] @ [K, N]
+
+
 # overload -> (its work as the runtime's sizes rule measures it, the largest work run on one thread)
 SERIAL_WHEN_SMALL: dict[str, tuple[Callable[[tuple[Any, ...]], int], int]] = {
     "bmm.default": (_bmm_macs, SMALL_MACS),
+    "mm.default": (_bmm_macs, SMALL_MACS),
+    "addmm.default": (_addmm_macs, SMALL_MACS),
+    "native_layer_norm.default": (_first_elements, SMALL_ELEMENTS),
     "_softmax.default": (_first_elements, SMALL_ELEMENTS),
     "_safe_softmax.default": (_first_elements, SMALL_ELEMENTS),
     "_log_softmax.default": (_first_elements, SMALL_ELEMENTS),

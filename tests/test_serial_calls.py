@@ -10,7 +10,7 @@ from npu_graph.serial_calls import SMALL_ELEMENTS, serial_when_small
 def recording(results):
     def fn(*args):
         results.append(torch.get_num_threads())
-        return torch.bmm(*args) if len(args) == 2 else args[0]
+        return torch.bmm(*args) if len(args) == 2 and args[0].dim() == 3 else args[0]
     return fn
 
 
@@ -50,3 +50,19 @@ def test_other_overloads_are_returned_unchanged_and_the_runtime_binds_the_listed
     assert functions["_aten_bmm_default"] is not torch.bmm
     a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
     assert torch.equal(functions["_aten_bmm_default"](a, b), torch.bmm(a, b))
+
+
+def test_small_products_and_layer_norm_are_listed_with_their_work():
+    """mm / addmm count multiply-adds (a prefill's [64, 64] @ [64, 128] is 512K: kept on the team); layer norm
+    counts elements."""
+    threads = torch.get_num_threads()
+    seen = []
+    mm = serial_when_small("mm.default", recording(seen))
+    addmm = serial_when_small("addmm.default", recording(seen))
+    layer_norm = serial_when_small("native_layer_norm.default", recording(seen))
+    mm(torch.randn(4, 64), torch.randn(64, 64))
+    mm(torch.randn(64, 64), torch.randn(64, 128))
+    addmm(torch.randn(16), torch.randn(2, 16), torch.randn(16, 16))
+    layer_norm(torch.randn(64, 32))
+    one = 1 if threads > 1 else threads
+    assert seen == [one, threads, one, one]
