@@ -107,7 +107,7 @@ def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
         if limit <= k:
             return select_topk(select, scores, k)
         indices, values = select_topk(select, scores, k + 1)
-        kth, next_ = values[0, k - 1].item(), values[0, k].item()
+        kth, next_ = values[0, k - 1:k + 1].tolist()
         if kth == next_ and math.isfinite(kth):     # equal scores straddle the cut: torch.topk decides
             top, where = scores.topk(k)
             return where.to(torch.int32).unsqueeze(0), top.unsqueeze(0)

@@ -26,18 +26,18 @@ def _first_elements(args: tuple[Any, ...]) -> int:
     return args[0].numel()
 
 
-def _bmm_macs(args: tuple[Any, ...]) -> int:
-    return math.prod(args[0].shape) * args[1].shape[-1]     # [B, M, K] @ [B, K, N]: B·M·K·N
+def _product_macs(args: tuple[Any, ...]) -> int:
+    return math.prod(args[0].shape) * args[1].shape[-1]     # ([B,] M, K) @ ([B,] K, N): [B·]M·K·N
 
 
 def _addmm_macs(args: tuple[Any, ...]) -> int:
-    return math.prod(args[1].shape) * args[2].shape[-1]     # bias + [M, K] @ [K, N]
+    return _product_macs(args[1:])                           # bias + [M, K] @ [K, N]
 
 
 # overload -> (its work as the runtime's sizes rule measures it, the largest work run on one thread)
 SERIAL_WHEN_SMALL: dict[str, tuple[Callable[[tuple[Any, ...]], int], int]] = {
-    "bmm.default": (_bmm_macs, SMALL_MACS),
-    "mm.default": (_bmm_macs, SMALL_MACS),
+    "bmm.default": (_product_macs, SMALL_MACS),
+    "mm.default": (_product_macs, SMALL_MACS),
     "addmm.default": (_addmm_macs, SMALL_MACS),
     "native_layer_norm.default": (_first_elements, SMALL_ELEMENTS),
     "_softmax.default": (_first_elements, SMALL_ELEMENTS),

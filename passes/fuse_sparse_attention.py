@@ -123,9 +123,7 @@ def _assign_query_axes(m: SparseMatch, softmax_node: torch.fx.Node, mask_shape: 
     shape = [1] * len(dims) if mask_shape is None else [1] * (len(dims) - len(mask_shape)) + mask_shape
     key_ids = {id(a) for a in m.keys}
     for i, (dim, size) in enumerate(zip(dims, shape)):
-        if flat(dim) and isinstance(size, int) and size == 1 and all(
-                id(a) in rq and id(a) not in rk and id(a) not in key_ids for a in flat(dim)):
-            m.head_dims.append(i - len(dims))
+        heads_before = len(m.heads)
         for a in flat(dim):
             root = id(a)
             if root in key_ids:
@@ -136,6 +134,8 @@ def _assign_query_axes(m: SparseMatch, softmax_node: torch.fx.Node, mask_shape: 
                 (m.heads if isinstance(size, int) and size == 1 else m.rows).append(a)
             else:
                 raise NoMatch("an attention axis belongs to neither query nor keys")
+        if flat(dim) and len(m.heads) - heads_before == len(flat(dim)):
+            m.head_dims.append(i - len(dims))
 
 
 def _kv_input(graph: torch.fx.Graph, m: SparseMatch, term: Term) -> tuple[torch.fx.Node, torch.fx.Node | None, str]:
