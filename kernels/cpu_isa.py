@@ -43,12 +43,17 @@ def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
-def _cpuinfo_flags() -> set[str] | None:
+@functools.cache
+def cpuinfo_lines() -> tuple[str, ...]:
+    """The lines of /proc/cpuinfo (none where it cannot be read), read once."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
     except OSError:
-        return None
-    for line in text.splitlines():
+        return ()
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    for line in cpuinfo_lines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return None

@@ -62,11 +62,7 @@ def shape_class(*parts: Any) -> tuple:
 
 
 def _cpu_identity() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    wanted = sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))})
+    wanted = sorted({line for line in cpu_isa.cpuinfo_lines() if line.startswith(("model name", "flags", "Features"))})
     return hashlib.sha256("\n".join([os.uname().machine, *wanted]).encode()).hexdigest()[:16]
 
 

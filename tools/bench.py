@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,11 +31,7 @@ SUITES = {
 
 def cpu_name() -> str:
     """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    names = [line.split(":", 1)[1].strip() for line in cpu_isa.cpuinfo_lines() if line.startswith("model name")]
     return names[0] if names else platform.processor() or platform.machine()
 
 
