@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from torch.autograd import profiler as autograd_profiler
+
 from npu_graph import trust
 from npu_graph.kernels import cpu_isa, env_settings, native
 
@@ -150,10 +152,8 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
     where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs."""
     level = cpu_isa.active()
-    if mode() == "force":
-        _used.setdefault(op, set()).add(f"native[{level}]")
-        return native_fn()
-    known = _known.get((op, level, cls))         # a decode step makes ~40 of these calls: one lookup each
+    # a decode step makes ~40 of these calls: one lookup each
+    known = ("native", f"native[{level}]") if mode() == "force" else _known.get((op, level, cls))
     if known is None:
         key = _key(op, library, cls)
         found = _loaded_table().get(key)
@@ -164,7 +164,11 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
             return result
         known = _remember(op, level, cls, found["impl"])
     _used.setdefault(op, set()).add(known[1])
-    return native_fn() if known[0] == "native" else torch_fn()
+    chosen = native_fn if known[0] == "native" else torch_fn
+    if autograd_profiler._is_profiler_enabled:  # an event naming the implementation (npu_graph.profiling)
+        with autograd_profiler.record_function(f"ascend_dsa::{op}/{known[1]}"):
+            return chosen()
+    return chosen()
 
 
 def torch_path(fn: Callable[[], T]) -> Callable[[], T]:

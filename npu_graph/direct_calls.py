@@ -47,6 +47,12 @@ def bind_direct_calls(source: str) -> tuple[str, dict[str, Callable[..., Any]]]:
     return _CALL.sub(replace, source), functions
 
 
+def profiler_labels(functions: dict[str, Callable[..., Any]]) -> dict[str, str]:
+    """The torch.profiler event name of each directly bound fused op (`ascend_dsa::<op>`, as the dispatcher
+    names it), for npu_graph.profiling."""
+    return {name: "ascend_dsa::" + name[len(PREFIX):] for name in functions if name.startswith(PREFIX)}
+
+
 # Overloads that torch's Python bindings reach with the same arguments (as the generated source passes them:
 # positionally, plus keywords the binding shares) and the same kernel, ~0.4 us a call faster than
 # OpOverload._op: these are most of a decode step's ~300 small ATen calls.

@@ -14,9 +14,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls
+from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls, profiler_labels
 from npu_graph.kernels import dense_attention, depthwise_conv1d, env_settings, skinny_mm
 from npu_graph.kernels.checks import shapes_checked_at_trace
+from npu_graph.profiling import ProfiledCalls
 from npu_graph.superkernel import bind_regions
 
 
@@ -47,11 +48,13 @@ class CompiledGraph:
         self.globals_ = globals_
         self.param_indices = param_indices
         runnable, namespace = bind_direct_calls(source)
+        labels = profiler_labels(namespace)
         for bind in (skinny_mm.bind, depthwise_conv1d.bind, dense_attention.bind, bind_aten_calls):
             runnable, names = bind(runnable)
             namespace.update(names)
         namespace = {**globals_, **namespace}
         exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
+        self._profiled = ProfiledCalls(namespace, labels)
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)
@@ -71,6 +74,7 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> Any:
         inputs = list(args)
         args.clear()
+        self._profiled.sync()
         with shapes_checked_at_trace(), env_settings.frozen():
             if self._prologue is None:
                 return self._forward(self._self, *inputs)
