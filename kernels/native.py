@@ -18,7 +18,9 @@ torch already loaded: no second thread pool.
 
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
-keep their torch path. Where both exist, kernels/dispatch.py decides per shape class which one runs.
+keep their torch path; a failed build (with the compiler's error) and a missing compiler are each reported by
+one NativeLibraryWarning. A build shows progress on stderr (npu_graph.progress).
+Where both exist, kernels/dispatch.py decides per shape class which one runs.
 """
 import contextlib
 import ctypes
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
-from npu_graph import trust
+from npu_graph import progress, trust
 from npu_graph.kernels import cpu_isa, env_settings, native_trust
 
 SOURCE_DIR = Path(__file__).parent / "native"
@@ -154,12 +156,24 @@ class NativeLibraryWarning(UserWarning):
     """A native library or its build folder was refused (native_trust): rebuilt, or the torch path is used."""
 
 
+NO_COMPILER = f"no C compiler found (set {ENV_CC} or CC, or install cc/gcc)"
+
+
+@functools.cache
+def _warn_no_compiler() -> None:
+    """Once per process: without a compiler every fused op runs its torch path."""
+    warnings.warn(f"ascend_dsa: {NO_COMPILER}; the fused ops use their torch paths (correct, slower on small "
+                  f"shapes). summary.json's `implementations` lists what each op runs.", NativeLibraryWarning,
+                  stacklevel=4)
+
+
 @functools.cache
 def _load(name: str, level: str, extra_flags: str) -> Native:
     """One library per name, level and extra flags (the last two only key the cache: level_flags reads them)."""
     cc = compiler()
     if cc is None:
-        return Native(None, f"no C compiler found (set {ENV_CC} or CC, or install cc/gcc)")
+        _warn_no_compiler()
+        return Native(None, NO_COMPILER)
     try:
         path = library_path(name, cc, level)
         trust.ensure_private_dir(path.parent)
@@ -168,8 +182,11 @@ def _load(name: str, level: str, extra_flags: str) -> Native:
             if why:
                 warnings.warn(f"ascend_dsa refused the native library {path}: {why}; rebuilding it",
                               NativeLibraryWarning, stacklevel=3)
-            failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
+            with progress.status(f"building native kernel {name} ({level})"):
+                failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
             if failure:
+                warnings.warn(f"ascend_dsa could not build its native kernel {name}; its op uses the torch path. "
+                              f"{failure}", NativeLibraryWarning, stacklevel=3)
                 return Native(None, failure)
             fd, why = native_trust.open_verified(path)
             if fd is None:

@@ -16,6 +16,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv(native.ENV_DIR, str(tmp_path))
     monkeypatch.delenv(native.ENV_SWITCH, raising=False)
     native._load.cache_clear()
+    native._warn_no_compiler.cache_clear()
     yield tmp_path
     native._load.cache_clear()
 
@@ -30,16 +31,21 @@ def test_no_compiler(fresh, monkeypatch):
     monkeypatch.delenv(native.ENV_CC, raising=False)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
-    ok, reason = native.available(SOURCE)
+    with pytest.warns(native.NativeLibraryWarning, match="no C compiler found") as caught:
+        ok, reason = native.available(SOURCE)
+        assert not native.available("rms_norm")[0]
     assert not ok and "no C compiler found" in reason and native.ENV_CC in reason
+    assert len(caught) == 1                     # one warning per process, not one per kernel
 
 
 @pytest.mark.parametrize("cc,message", [("false", "failed to build"),
                                         ("/nonexistent/cc", "could not run the C compiler")])
 def test_failing_compiler_falls_back(fresh, monkeypatch, cc, message):
     monkeypatch.setenv(native.ENV_CC, cc)
-    ok, reason = native.available(SOURCE)
+    with pytest.warns(native.NativeLibraryWarning, match=message) as caught:
+        ok, reason = native.available(SOURCE)
     assert not ok and message in reason and cc in reason
+    assert len(caught) == 1 and SOURCE in str(caught[0].message)
     assert list(fresh.iterdir()) == []          # no library and no temporary file left behind
 
 
