@@ -26,7 +26,9 @@ setup(
         "npu_graph.tools": "tools",
     },
     package_data={"npu_graph.kernels": ["native/*.c", "native/*.h"]},
-    install_requires=["torch>=2.6", "rich>=13", "safetensors>=0.4"],
+    # torch: the minor version the tests run on (npu_graph/requirements.py checks it at import); numpy: without
+    # it `import torch` warns "Failed to initialize NumPy" on a clean install.
+    install_requires=["torch>=2.13,<2.14", "numpy>=1.24", "rich>=13", "safetensors>=0.4"],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6", "transformers==5.23.0", "ruff"],
         "npu": ["torch_npu"],
