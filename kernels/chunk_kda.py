@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels import chunk_kda_native, dispatch, native
+from npu_graph.kernels import chunk_kda_grad, chunk_kda_native, dispatch, native
 from npu_graph.kernels.checks import (
     require,
     require_dtype,
@@ -335,6 +335,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     cls = native_class(q, k, v, g, beta)
     return run() if cls is None else dispatch.run(OP, chunk_kda_native.NATIVE_SOURCE, cls, run,
                                                   dispatch.torch_path(run))
+
+
+chunk_kda_grad.register(chunk_kda)
 
 
 def native_class(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
