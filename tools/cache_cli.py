@@ -12,42 +12,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from npu_graph.cache_folder import CorruptEntry
-from npu_graph.cache_transfer import CacheImportError, export_cache, import_cache
-from npu_graph.disk_cache import DiskCache
+from npu_graph.tools.units import format_size, parse_age, parse_size
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+if TYPE_CHECKING:  # the cache modules import torch: only the commands that run import them
+    from npu_graph.disk_cache import DiskCache
+
 Outcome = tuple[Any, str | None]  # what to print, and what went wrong (None: nothing)
 
 
 class CacheCommandError(Exception):
     """The command cannot run at all (exit code 2)."""
-
-
-def parse_size(text: str) -> int:
-    """"500M", "2G", "4096" -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not match:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not like 500M, 2G or 4096")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def parse_age(text: str) -> float:
-    """"30d", "12h", "90m", "45s" -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
-    if not match:
-        raise argparse.ArgumentTypeError(f"age {text!r} is not like 30d, 12h, 90m or 45s")
-    return float(match.group(1)) * _AGES[match.group(2)]
 
 
 def add_cache_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +43,8 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     show = _common(actions.add_parser("show", help="one entry in full"))
     show.add_argument("key", help="entry key (a unique prefix is enough)")
     prune = _common(actions.add_parser("prune", help="evict least recently used / old entries"))
-    prune.add_argument("--max-size", type=parse_size, default=None, help="keep at most this much (500M, 2G)")
+    prune.add_argument("--max-size", type=parse_size, default=None,
+                       help="keep at most this much (500M, 2G: the units `cache ls` prints)")
     prune.add_argument("--older-than", type=parse_age, default=None, help="remove entries unused for (30d, 12h)")
     export = _common(actions.add_parser("export", help="pack the cache into one file"))
     export.add_argument("file")
@@ -95,7 +80,10 @@ def _ls(disk: DiskCache, args: argparse.Namespace) -> Outcome:
 
 def _show(disk: DiskCache, args: argparse.Namespace) -> Outcome:
     matches = [k for k in disk.entry_keys() if k.startswith(args.key)]
-    if len(matches) != 1:
+    if not matches:
+        raise CacheCommandError(f"no entry matches {args.key!r} in {disk.root}; `ascend-dsa cache ls` lists "
+                                f"the keys")
+    if len(matches) > 1:
         raise CacheCommandError(f"{len(matches)} entries match {args.key!r}; give more of the key")
     key = matches[0]
     info = disk.entry_info(key)
@@ -138,12 +126,16 @@ def _clear(disk: DiskCache, args: argparse.Namespace) -> Outcome:
 
 
 def _export(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    from npu_graph.cache_transfer import export_cache
+
     result = export_cache(disk, args.file)
     skipped = result["skipped"]
     return result, f"{len(skipped)} entries that do not verify were left out" if skipped else None
 
 
 def _import(disk: DiskCache, args: argparse.Namespace) -> Outcome:
+    from npu_graph.cache_transfer import import_cache
+
     result = import_cache(disk, args.file, trust=args.trust, key_file=args.key)
     refused = result["refused"]
     if not refused:
@@ -158,9 +150,21 @@ _ACTIONS: dict[str, Callable[[DiskCache, argparse.Namespace], Outcome]] = {
     "clear": _clear, "verify": _verify, "export": _export, "import": _import}
 
 
+def _check_archive(args: argparse.Namespace) -> None:
+    """`import FILE` of a file that is not there fails before anything is created."""
+    if args.action == "import" and not os.path.isfile(args.file):
+        problem = "is a folder" if os.path.isdir(args.file) else "does not exist"
+        raise CacheCommandError(f"{args.file} {problem}; give the file `ascend-dsa cache export FILE` wrote")
+
+
 def run_cache_command(args: argparse.Namespace) -> int:
-    disk = DiskCache(args.dir, create=args.action == "import")
+    """Run one `ascend-dsa cache` action; the exit code is the module's (0, 1 or 2)."""
+    from npu_graph.cache_transfer import CacheImportError
+    from npu_graph.disk_cache import DiskCache
+
     try:
+        _check_archive(args)
+        disk = DiskCache(args.dir, create=args.action == "import")
         if disk.refused:
             raise CacheCommandError(disk.refused)
         result, problem = _ACTIONS[args.action](disk, args)
@@ -194,7 +198,7 @@ def _print(action: str, result: Any, as_json: bool) -> None:
         for row in result:
             used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_used"]))
             fused = ", ".join(f"{k}×{v}" for k, v in row.get("fused_ops", {}).items()) or "-"
-            table.add_row(row["key"][:16], str(row["size"]), used, str(row.get("nodes", "")), fused,
+            table.add_row(row["key"][:16], format_size(row["size"]), used, str(row.get("nodes", "")), fused,
                           "yes" if row["ok"] else row.get("problem", "no"))
         console.print(table)
     else:

@@ -1,4 +1,8 @@
-"""The `ascend-dsa` command line (also `python -m npu_graph`): demo, bench, inspect and cache."""
+"""The `ascend-dsa` command line (also `python -m npu_graph`): demo, bench, inspect and cache.
+
+Building the parser imports neither torch nor the compiler (`ascend-dsa --help` answers at once); each
+command imports what it needs when it runs.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +14,20 @@ from npu_graph.tools import inspect_cli
 from npu_graph.tools.cache_cli import add_cache_parser, run_cache_command
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ascend-dsa", description="ascend_dsa torch.compile backend tools")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compile the reference model on CPU and show what the compiler did")
-    demo.add_argument("--config", default="small", help="reference model config (tiny, small)")
-    demo.add_argument("--prompt-len", type=int, default=512, help="prefill length")
-    demo.add_argument("--steps", type=int, default=16, help="decode steps")
+    demo.add_argument("--config", default="small", help="reference model config (tiny, small, ctx16k)")
+    demo.add_argument("--prompt-len", type=positive_int, default=512, help="prefill length")
+    demo.add_argument("--steps", type=positive_int, default=16, help="decode steps")
     demo.add_argument("--dump-dir", default=None, help="dump folder (default: a new temporary folder)")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
@@ -24,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp, quant, generate "
                        "(transformers generate(): prefill ms, decode tokens/s, cold first call, recompiles)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
-    bench.add_argument("--repeat", type=int, default=None, help="timed rounds per case")
+    bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     bench.add_argument("--busy", action="store_true",
                        help="generate only: keep one core busy in a separate process while measuring")
@@ -37,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(inspect_cli.default_view(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=os.environ.get("ASCEND_DSA_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command == "cache":

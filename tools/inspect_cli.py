@@ -1,18 +1,19 @@
 """`ascend-dsa inspect`: read a graph dump from the command line.
 
-    ascend-dsa inspect DUMP                        table of graphs
-    ascend-dsa inspect DUMP --graph G              the stages of one graph
-    ascend-dsa inspect DUMP --graph G --pass P     the text of one stage
-    ascend-dsa inspect diff DUMP A B [--graph G]   what changed between stages A and B
-    ascend-dsa inspect html DUMP -o report.html    one self-contained HTML report
+    ascend-dsa inspect show DUMP                        table of graphs (`inspect DUMP` is the same)
+    ascend-dsa inspect show DUMP --graph G              the stages of one graph
+    ascend-dsa inspect show DUMP --graph G --pass P     the text of one stage
+    ascend-dsa inspect diff DUMP A B [--graph G]        what changed between stages A and B
+    ascend-dsa inspect html DUMP [-o report.html]       one self-contained HTML report
 
-`--json` on every form prints only JSON on stdout. A missing dump, graph or stage exits with code 2 and a
-message naming what exists.
+`--json` on every form prints only JSON on stdout. A missing, unreadable or damaged dump, graph or stage exits
+with code 2 and a one-line message naming what exists or what to do.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -24,21 +25,46 @@ from rich.text import Text
 from npu_graph.tools import inspect_dump
 from npu_graph.tools.inspect_dump import DumpError
 
-USAGE = """ascend-dsa inspect DUMP [--graph G] [--pass P] [--json]
-       ascend-dsa inspect diff DUMP A B [--graph G] [--json]
-       ascend-dsa inspect html DUMP [-o report.html] [--json]"""
+VIEWS = ("show", "diff", "html")
 ROW_LIMIT = 50
+DAMAGED = (KeyError, TypeError, AttributeError, IndexError, ValueError)  # a dump file holding the wrong shape
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: Any) -> None:
-    """Register the `inspect` subcommand on the `ascend-dsa` subparsers."""
-    p = sub.add_parser("inspect", help="read a graph dump: graphs, stages, diffs, HTML report", usage=USAGE,
+    """Register `inspect {show,diff,html}` on the `ascend-dsa` subparsers."""
+    p = sub.add_parser("inspect", help="read a graph dump: graphs, stages, diffs, HTML report",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("words", nargs="+", metavar="DUMP | diff DUMP A B | html DUMP")
-    p.add_argument("--graph", default=None, help="graph: folder name, graph name or index")
-    p.add_argument("--pass", dest="stage", default=None, help="stage: pass name, number or 'captured'")
-    p.add_argument("-o", "--output", default=None, help="HTML report path (default: DUMP/report.html)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    views = p.add_subparsers(dest="view", required=True, metavar="{show,diff,html}")
+    show = views.add_parser("show", help="the graphs of a dump, the stages of one graph, or one stage's text",
+                            description="The graphs of a dump; with --graph the stages of one graph; with "
+                                        "--graph and --pass the text of one stage.")
+    _common(show)
+    show.add_argument("--pass", dest="stage", metavar="P", default=None, help="stage: pass name, number or 'captured'")
+    diff = views.add_parser("diff", help="what changed between two stages of one graph",
+                            description="Nodes added, removed and rewired, and fused regions, from stage A to B.")
+    _common(diff)
+    diff.add_argument("a", metavar="A", help="first stage: pass name, number or 'captured'")
+    diff.add_argument("b", metavar="B", help="second stage")
+    html = views.add_parser("html", help="write one self-contained HTML report of the dump",
+                            description="Graph picture, stream timeline, per-pass diffs, quantization and "
+                                        "layout tables, in one HTML file.")
+    html.add_argument("dump", metavar="DUMP", help="dump folder (the dump_dir option) or one graph folder")
+    html.add_argument("-o", "--output", default=None, help="HTML report path (default: DUMP/report.html)")
+    html.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dump", metavar="DUMP", help="dump folder (the dump_dir option) or one graph folder")
+    parser.add_argument("--graph", default=None, help="graph: folder name, graph name or index")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def default_view(argv: list[str]) -> list[str]:
+    """`inspect DUMP ...` (the short form) is `inspect show DUMP ...`."""
+    if len(argv) > 1 and argv[0] == "inspect" and argv[1] not in (*VIEWS, "-h", "--help"):
+        return ["inspect", "show", *argv[1:]]
+    return list(argv)
 
 
 def _cell(value: Any) -> Text:
@@ -102,32 +128,50 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], printer: Any) -> None:
         printer(Console(width=None if sys.stdout.isatty() else 160), data)
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    words = args.words
-    if words[0] == "diff" and len(words) == 4:
-        _emit(args, inspect_dump.diff(words[1], words[2], words[3], args.graph), _print_diff)
-    elif words[0] == "html" and len(words) == 2:
-        from npu_graph.tools.html_report import write_html_report
-
-        path = write_html_report(words[1], args.output or os.path.join(words[1], "report.html"))
-        _emit(args, {"report": path, "bytes": os.path.getsize(path)},
-              lambda console, d: console.print(Text(f"HTML report: {d['report']}")))
-    elif len(words) == 1 and args.stage is not None:
-        data = inspect_dump.show_stage(words[0], args.graph, args.stage)
+def _show(args: argparse.Namespace) -> None:
+    if args.stage is not None:
+        data = inspect_dump.show_stage(args.dump, args.graph, args.stage)
         _emit(args, data, lambda console, d: sys.stdout.write(d["text"]))
-    elif len(words) == 1 and args.graph is not None:
-        _emit(args, inspect_dump.graph_stages(words[0], args.graph), _print_stages)
-    elif len(words) == 1:
-        _emit(args, inspect_dump.overview(words[0]), _print_overview)
+    elif args.graph is not None:
+        _emit(args, inspect_dump.graph_stages(args.dump, args.graph), _print_stages)
     else:
-        raise DumpError(f"cannot read arguments {' '.join(words)!r}; usage:\n{USAGE}")
-    return 0
+        _emit(args, inspect_dump.overview(args.dump), _print_overview)
+
+
+def _html(args: argparse.Namespace) -> None:
+    from npu_graph.tools.html_report import write_html_report
+
+    inspect_dump.find_graphs(args.dump)  # a missing or empty dump is named before any work
+    path = write_html_report(args.dump, args.output or os.path.join(args.dump, "report.html"))
+    _emit(args, {"report": path, "bytes": os.path.getsize(path)},
+          lambda console, d: console.print(Text(f"HTML report: {d['report']}")))
+
+
+def _dispatch(args: argparse.Namespace) -> None:
+    if args.view == "diff":
+        _emit(args, inspect_dump.diff(args.dump, args.a, args.b, args.graph), _print_diff)
+    elif args.view == "html":
+        _html(args)
+    else:
+        _show(args)
+
+
+def _problem(args: argparse.Namespace, exc: Exception) -> str:
+    if isinstance(exc, DumpError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        where = exc.filename or args.dump
+        return f"cannot read {where}: {exc.strerror or exc}; check the path and its permissions"
+    log.debug("damaged dump %s", args.dump, exc_info=True)
+    return (f"the dump at {args.dump} looks damaged ({type(exc).__name__}: {exc}); write it again by compiling "
+            f"with options={{'dump_dir': ...}}")
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Run `ascend-dsa inspect`; 2 when the dump, graph or stage does not exist."""
+    """Run `ascend-dsa inspect`; 2 when the dump, graph or stage is missing, unreadable or damaged."""
     try:
-        return _dispatch(args)
-    except DumpError as exc:
-        print(f"ascend-dsa inspect: error: {exc}", file=sys.stderr)
+        _dispatch(args)
+    except (DumpError, OSError, *DAMAGED) as exc:
+        print(f"ascend-dsa inspect: error: {_problem(args, exc)}", file=sys.stderr)
         return 2
+    return 0

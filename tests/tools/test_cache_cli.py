@@ -112,7 +112,7 @@ def test_damaged_entries_are_reported_with_an_exit_code(tmp_path):
 def test_show_needs_one_matching_entry(tmp_path):
     fill(tmp_path / "c")
     code, _, err = run_cli("show", "zz", "--dir", str(tmp_path / "c"))
-    assert code == 2 and "0 entries match 'zz'" in err
+    assert code == 2 and f"no entry matches 'zz' in {tmp_path / 'c'}" in err and "cache ls" in err
     code, _, err = run_cli("show", "", "--dir", str(tmp_path / "c"))
     assert code == 2 and "2 entries match" in err
 
@@ -172,8 +172,9 @@ def evil_archive(path) -> str:
 def test_import_problems_are_messages_not_tracebacks(tmp_path, monkeypatch, own_key):
     code, out, err = run_cli("import", evil_archive(tmp_path / "evil.tgz"), "--dir", str(tmp_path / "d"), "--json")
     assert code == 2 and "unexpected member '../escaped'" in json.loads(out)["error"] and "Traceback" not in err
-    code, _, err = run_cli("import", str(tmp_path / "missing.tgz"), "--dir", str(tmp_path / "d"))
-    assert code == 2 and "cannot read" in err
+    code, _, err = run_cli("import", str(tmp_path / "missing.tgz"), "--dir", str(tmp_path / "new"))
+    assert code == 2 and "missing.tgz does not exist; give the file `ascend-dsa cache export FILE` wrote" in err
+    assert not (tmp_path / "new").exists(), "a missing archive creates no cache"
 
     theirs = tmp_path / "theirs" / "cache.key"
     monkeypatch.setenv("ASCEND_DSA_KEY_FILE", str(theirs))
