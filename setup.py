@@ -25,6 +25,7 @@ setup(
         "npu_graph.kernels": "kernels",
         "npu_graph.tools": "tools",
     },
+    py_modules=["npu_graph_torch_logs"],  # the TORCH_LOGS names, registered while torch is imported
     package_data={"npu_graph.kernels": ["native/*.c", "native/*.h"]},
     # torch: the minor version the tests run on (npu_graph/requirements.py checks it at import); numpy: without
     # it `import torch` warns "Failed to initialize NumPy" on a clean install.
@@ -36,5 +37,6 @@ setup(
     entry_points={
         "torch_dynamo_backends": ["ascend_dsa = npu_graph.backend:ascend_dsa"],
         "console_scripts": ["ascend-dsa = npu_graph.tools.cli:main"],
+        "torch.backends": ["ascend_dsa_logs = npu_graph_torch_logs:register_at_torch_import"],
     },
 )

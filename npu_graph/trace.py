@@ -1,4 +1,6 @@
-"""Our pipeline stages in PyTorch's structured trace, so `TORCH_TRACE=dir` + tlparse users see them.
+"""Our pipeline stages in PyTorch's structured trace, so `TORCH_TRACE=dir` + tlparse users see them, and each
+graph's generated code in the `ascend_dsa_code` log artifact (TORCH_LOGS=ascend_dsa_code, as Inductor's
+`output_code`; the names are registered with torch's logging by npu_graph_torch_logs).
 
 `traced_dump(dump, graph_name)` is called once by the compiler on the graph's dump writer. When no
 structured trace is being written it returns `dump` unchanged (nothing else happens). Otherwise it returns a
@@ -7,6 +9,7 @@ to the real dump when there is one. Tracing can never break compilation: every e
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -14,9 +17,24 @@ import torch
 import torch.fx
 from torch._logging import trace_structured
 
+import npu_graph_torch_logs
 from npu_graph.dump import GraphDump, graph_text
 
 log = logging.getLogger("npu_graph")
+
+
+@functools.cache
+def code_logger() -> logging.Logger:
+    """The `ascend_dsa_code` artifact logger (our TORCH_LOGS names are registered first)."""
+    npu_graph_torch_logs.register()
+    return torch._logging.getArtifactLogger("npu_graph.compiled", npu_graph_torch_logs.CODE)
+
+
+def log_code(graph_name: str, origin: str, source: str) -> None:
+    """Log one graph's generated code to `ascend_dsa_code`; `origin` says where it came from."""
+    logger = code_logger()
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("ascend_dsa: %s, %s, code:\n%s", graph_name, origin, source)
 
 
 def tracing_enabled() -> bool:
