@@ -25,10 +25,11 @@ from npu_graph.capture import capture_and_compile
 from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig
-from npu_graph.dump import GraphDump
+from npu_graph.dump import GraphDump, current_compile_id, dump_matches_entry
 from npu_graph.implementations import refreshed_after_first_call
 from npu_graph.kernels.checks import FusedPreconditionError
 from npu_graph.report import GraphReport
+from npu_graph.trace import log_code
 from npu_graph.verify import verified
 
 log = logging.getLogger("npu_graph")
@@ -70,10 +71,11 @@ class Backend:
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
         with self.cache.lookup(gm, example_inputs) as found:
-            if found.decision == "hit":
+            if found.decision == "hit" and not self.config.debug.graph_dump.path:
                 report = GraphReport.from_summary(name, found.summary, cache="hit")
+                report.extra.update(found.provenance(current_compile_id()))
                 self._add_report(report)
-                self._write_summaries([report])
+                log_code(name, f"loaded from cache entry {found.key[:12]}", found.source)
                 return found.callable
             sink: dict[str, Any] = {}
             params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
@@ -81,24 +83,28 @@ class Backend:
                                            self.config.experimental_config.keep_inference_input_mutations)
             reports = sink["reports"]
             decision, reason = found.decision, found.reason
-            if decision == "miss":
+            if decision == "hit":  # compiled again only for the dump (README "Compile cache"): the entry runs
+                compiled = found.callable
+                dump_matches_entry(reports[0], sink["graphs"][0].source, found.source)
+            elif decision == "miss":
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
                 summary = {k: v for k, v in reports[0].to_json().items() if k not in ("cache", "cache_reason")}
                 decision = self.cache.store(found, example_inputs, artifact, summary, why_not)
                 reason = why_not or reason
-            for report in reports:
+            origin = f"loaded from cache entry {found.key[:12]}" if decision == "hit" else f"compiled, cache {decision}"
+            for report, graph in zip(reports, sink["graphs"]):
                 report.cache, report.cache_reason = decision, reason
+                report.extra.update(found.provenance(current_compile_id()))
+                log_code(report.name, origin, found.source if decision == "hit" else graph.source)
             self._write_summaries(reports)
             if reports[0].dump_folder:
                 entries = reports[0].extra.get("implementations", [])
                 compiled = refreshed_after_first_call(compiled, entries, lambda: self._write_summaries(reports))
             return compiled
 
-    def _write_summaries(self, reports: list[GraphReport]) -> None:
-        root = self.config.debug.graph_dump.path
+    @staticmethod
+    def _write_summaries(reports: list[GraphReport]) -> None:
         for report in reports:
-            if report.dump_folder is None and root and report.cache == "hit":
-                report.dump_folder = getattr(GraphDump.create(root, report.name), "folder", None)
             if report.dump_folder:
                 GraphDump(report.dump_folder).write_summary(report.to_json())
 

@@ -54,6 +54,13 @@ class Lookup:
     callable: Callable[..., Any] | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     guard_count: int = 0
+    source: str = ""  # a hit's generated code
+
+    def provenance(self, compile_id: str | None) -> dict[str, Any]:
+        """What summary.json says about where a graph came from: "source" ("cache": loaded from the entry
+        `cache_key`; "compiled": compiled by this process, then stored under `cache_key` when it is not None)."""
+        return {"source": "cache" if self.decision == "hit" else "compiled", "cache_key": self.key,
+                "compile_id": compile_id}
 
 
 class CompileCache:
@@ -120,7 +127,7 @@ class CompileCache:
             return graph([*params, *args])
 
         self._record("hit")
-        return Lookup("hit", "", key, run, meta.get("summary", {}))
+        return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source)
 
     def store(self, lookup: Lookup, example_inputs: list[Any],
               artifact: Artifact | None, summary: dict[str, Any], reason: str) -> str:

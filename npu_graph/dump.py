@@ -1,13 +1,17 @@
-"""Graph dumps: one folder per compiled graph under `dump_dir` (numbered in creation order within that folder),
-a text and a JSON file per stage, the generated source and `summary.json`.
+"""Graph dumps: one folder per graph under `dump_dir`, `NNN_<graph>_<compile id>_<pid>` (NNN: creation order
+within that folder; the compile id is Dynamo's, "0/0" written `c0-0`, the id TORCH_TRACE and TORCH_LOGS lines
+carry), with a text and a JSON file per stage, the generated source and `summary.json`.
 
-Dumping can never break compilation: every write error is logged once per graph and compilation goes on.
+Dumping can never break compilation: a write error is logged once per graph and compilation goes on; a full
+disk is logged once per dump folder and process, and nothing more is written there.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,11 +19,43 @@ from typing import Any
 import torch
 import torch.fx
 
+from npu_graph.report import GraphReport
+
 log = logging.getLogger("npu_graph")
 
 NODE_META_KEYS = ("created_by", "stream", "superkernel", "layout", "quant", "cost")
 
 _create_lock = threading.Lock()
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_full_roots: set[str] = set()  # dump roots whose disk filled up in this process
+
+
+def current_compile_id() -> str | None:
+    """Dynamo's id of the compile under way ("0/0", "1/0_1"), or None outside one."""
+    try:
+        compile_id = torch._guards.CompileContext.current_compile_id()
+    except Exception:  # an id is a convenience: never worth failing a compile for
+        return None
+    return None if compile_id is None else str(compile_id)
+
+
+def folder_name(index: int, graph_name: str, compile_id: str | None) -> str:
+    """`NNN_<graph>_c<frame>-<compile>_<pid>` (module docstring); without a compile id, `NNN_<graph>_<pid>`."""
+    tag = f"c{re.sub(r'[^0-9A-Za-z_]+', '-', compile_id).strip('-')}_" if compile_id else ""
+    return f"{index:03d}_{graph_name}_{tag}{os.getpid()}"
+
+
+def _disk_full(root: str, exc: OSError) -> bool:
+    """True (and one warning per root and process) when `exc` says the disk holding `root` is full."""
+    if exc.errno not in _DISK_FULL:
+        return False
+    with _create_lock:
+        first = root not in _full_roots
+        _full_roots.add(root)
+    if first:
+        log.warning("ascend_dsa: the disk holding dump_dir %s is full (%s); no more dumps are written there by this "
+                    "process, compilation goes on", root, exc.strerror)
+    return True
 
 
 def _short(value: Any) -> str:
@@ -65,28 +101,34 @@ class GraphDump:
 
     @classmethod
     def create(cls, root: str, graph_name: str) -> GraphDump | None:
+        """The dump writer of a new graph folder under `root`, or None when none can be made (one warning)."""
+        if os.path.abspath(root) in _full_roots:
+            return None
         try:
             with _create_lock:
                 os.makedirs(root, exist_ok=True)
                 index = len(os.listdir(root))
-                folder = os.path.join(root, f"{index:03d}_{graph_name}_{os.getpid()}")
+                folder = os.path.join(root, folder_name(index, graph_name, current_compile_id()))
                 os.makedirs(folder, exist_ok=True)
             return cls(folder)
         except OSError as exc:
-            log.warning("ascend_dsa: cannot create dump folder under %s (%s); compiling without a dump",
-                        root, exc)
+            if not _disk_full(os.path.abspath(root), exc):
+                log.warning("ascend_dsa: cannot create dump folder under %s (%s); compiling without a dump",
+                            root, exc)
             return None
 
     def _write(self, filename: str, text: str) -> None:
-        if self.failed:
+        root = os.path.dirname(os.path.abspath(self.folder))
+        if self.failed or root in _full_roots:
             return
         try:
             with open(os.path.join(self.folder, filename), "w") as f:
                 f.write(text)
         except Exception as exc:  # a dump must never stop compilation
             self.failed = True
-            log.warning("ascend_dsa: writing dump file %s failed (%s); dump stopped for this graph",
-                        filename, exc)
+            if not (isinstance(exc, OSError) and _disk_full(root, exc)):
+                log.warning("ascend_dsa: writing dump file %s failed (%s); dump stopped for this graph",
+                            filename, exc)
 
     def _write_made(self, filename: str, make_text: Callable[[], str]) -> None:
         try:
@@ -107,3 +149,18 @@ class GraphDump:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self._write_made("summary.json", lambda: json.dumps(summary, indent=2, default=str))
+
+
+def dump_matches_entry(report: GraphReport, recompiled: str, entry: str) -> None:
+    """A cache hit's dump comes from compiling the graph again; summary.json says so and whether that gave the
+    entry's code. If not (a measured choice went the other way), the dump keeps both: compiled.py is the entry's
+    code, which is what runs, and compiled_again.py the new one; one warning says so."""
+    report.extra["dump_stages"] = "compiled again for this dump"
+    report.extra["dump_matches_entry"] = recompiled == entry
+    if recompiled == entry or not report.dump_folder:
+        return
+    writer = GraphDump(report.dump_folder)
+    writer.write_text("compiled.py", entry)
+    writer.write_text("compiled_again.py", recompiled)
+    log.warning("ascend_dsa: %s: compiling it again for its dump gave other code than its cache entry; the dump's "
+                "stages are the new compile's, compiled.py is the entry's code (what runs)", report.name)
