@@ -1,14 +1,18 @@
 """The `ascend_dsa` torch.compile backend.
 
 `torch.compile(model, backend="ascend_dsa", options={...})` reaches `ascend_dsa` through the
-`torch_dynamo_backends` entry point. `get_backend(config)` returns one Backend per distinct config, so a
-second torch.compile with the same backend object reuses Dynamo's compiled code.
+`torch_dynamo_backends` entry point; torch.compile's `mode=` reaches it too (CompilerConfig.mode).
+`get_backend(config)` (or torchair's spelling `get_backend(compiler_config=config)`) returns one Backend per
+distinct config, so a second torch.compile with the same backend object reuses Dynamo's compiled code. A
+`mode=` or `options=` given to torch.compile together with a Backend object is applied on top of its config
+(a one-time warning says so for options). Configuration errors always raise.
 
 If compiling a graph fails, the graph runs eagerly and one warning names the failing step (with
 strict=True the error is raised instead).
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import threading
@@ -24,7 +28,7 @@ from npu_graph.cache_key import Uncacheable
 from npu_graph.capture import capture_and_compile
 from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
-from npu_graph.config import CompilerConfig
+from npu_graph.config import CompilerConfig, ConfigError, resolve_option
 from npu_graph.dump import GraphDump, current_compile_id, dump_matches_entry
 from npu_graph.implementations import refreshed_after_first_call
 from npu_graph.kernels.checks import FusedPreconditionError
@@ -39,6 +43,10 @@ class CompilationFallbackWarning(UserWarning):
     """A graph could not be compiled and runs eagerly instead."""
 
 
+class OptionsMergedWarning(UserWarning):
+    """torch.compile's `options=` were applied on top of the config of a get_backend() object."""
+
+
 class Backend:
     """A Dynamo backend bound to one CompilerConfig; keeps a report per compiled graph."""
 
@@ -48,17 +56,22 @@ class Backend:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.cache = CompileCache(config)
+        self._merged_warned: set[tuple[str, ...]] = set()
 
     def __repr__(self) -> str:
         return f"ascend_dsa.Backend(target={self.config.target!r}, graphs={len(self.reports)})"
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
-                 ) -> Callable[..., Any]:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
+        if mode is not None or options:
+            return self.with_settings(mode, options)(gm, example_inputs)
         with self._lock:
             name = f"graph_{next(self._ids)}"
         start = time.perf_counter()
         try:
             compiled = self._compile_or_load(gm, list(example_inputs), name)
+        except ConfigError:
+            raise
         except Exception as exc:
             return self._fall_back(gm, name, exc)
         log.info("ascend_dsa: %s ready in %.1f ms", name, (time.perf_counter() - start) * 1e3)
@@ -67,6 +80,22 @@ class Backend:
             v = self.config.verify
             return verified(name, gm.forward, compiled, v.atol, v.rtol, self.config.strict)
         return compiled
+
+    def with_settings(self, mode: str | None, options: dict[str, Any] | None) -> Backend:
+        """The Backend for this config with torch.compile's `mode` / `options` applied on top (they win)."""
+        config = copy.deepcopy(self.config)
+        for key, value in (options or {}).items():
+            config.set(resolve_option(key), value)
+        if mode is not None:
+            config.mode = mode
+        config.validate()
+        keys = tuple(sorted(options or ()))
+        if keys and keys not in self._merged_warned:
+            self._merged_warned.add(keys)
+            warnings.warn(f"ascend_dsa: torch.compile options {list(keys)} were applied on top of the config of "
+                          f"the backend object from get_backend() (options win); pass them to get_backend() to "
+                          f"keep one place for settings", OptionsMergedWarning, stacklevel=3)
+        return get_backend(config)
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
@@ -178,10 +207,20 @@ _BACKENDS: dict[str, Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
-def get_backend(config: CompilerConfig | dict[str, Any] | None = None) -> Backend:
-    """The Backend for this config (a dict of options is accepted); equal configs share one object."""
-    if not isinstance(config, CompilerConfig):
+def get_backend(config: CompilerConfig | dict[str, Any] | None = None, *,
+                compiler_config: CompilerConfig | dict[str, Any] | None = None) -> Backend:
+    """The Backend for this config: a CompilerConfig (validated, and copied: later edits of the object do not
+    reach the backend) or a dict of options; `compiler_config=` is torchair's spelling of the same argument.
+    Equal configs share one object."""
+    if config is not None and compiler_config is not None:
+        raise ConfigError("get_backend: pass the config once, either positionally or as compiler_config=")
+    config = compiler_config if config is None else config
+    if isinstance(config, CompilerConfig):
+        config = config.checked()
+    elif config is None or isinstance(config, dict):
         config = CompilerConfig.from_options(config)
+    else:
+        raise ConfigError(f"get_backend takes a CompilerConfig or a dict of options, not {type(config).__name__}")
     key = config.key()
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
@@ -190,6 +229,6 @@ def get_backend(config: CompilerConfig | dict[str, Any] | None = None) -> Backen
 
 
 def ascend_dsa(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-               options: dict[str, Any] | None = None, **_: Any) -> Callable[..., Any]:
-    """Dynamo entry point (`backend="ascend_dsa"`)."""
-    return get_backend(CompilerConfig.from_options(options))(gm, example_inputs)
+               options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
+    """Dynamo entry point (`backend="ascend_dsa"`): torch.compile passes `options` or `mode`, never both."""
+    return get_backend(CompilerConfig.from_options(options, mode=mode))(gm, example_inputs)

@@ -30,7 +30,7 @@ _SOURCE_SUFFIXES = {".py", ".c", ".h"}
 # Subpackages that do not shape compiled code (the command line) or that are walked as roots of their own.
 _NOT_UNDER_ROOT = {"tools", "passes", "kernels", "__pycache__"}
 # Settings that change what the compiler produces; dump/cache/verify/strict only change how it reports.
-KEY_SETTINGS = ("target", "passes", "quant", "layout", "streams", "superkernel", "experimental_config")
+KEY_SETTINGS = ("target", "mode", "passes", "quant", "layout", "streams", "superkernel", "experimental_config")
 
 
 class Uncacheable(Exception):
@@ -50,27 +50,41 @@ def versions() -> dict[str, str]:
     return found
 
 
-def source_digest_of(roots: dict[str, Path]) -> str:
-    """sha256 over the source files (.py, .c, .h) under each named root, by name relative to it, so the digest is
-    the same wherever the package is installed; folders in _NOT_UNDER_ROOT are skipped."""
-    digest = hashlib.sha256()
+def source_files(roots: dict[str, Path]) -> list[tuple[str, Path]]:
+    """(name relative to its root, path) of every source file (.py, .c, .h) under each named root, in a fixed
+    order; folders in _NOT_UNDER_ROOT are skipped."""
+    found = []
     for name, root in sorted(roots.items()):
         files = sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()
                        and not _NOT_UNDER_ROOT.intersection(p.relative_to(root).parts[:-1]))
-        for path in files:
-            digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        found += [(f"{name}/{path.relative_to(root).as_posix()}", path) for path in files]
+    return found
+
+
+def source_digest_of(roots: dict[str, Path]) -> str:
+    """sha256 over the source files under each named root, by name relative to it, so the digest is the same
+    wherever the package is installed."""
+    digest = hashlib.sha256()
+    for name, path in source_files(roots):
+        digest.update(f"{name}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+def package_roots() -> dict[str, Path]:
+    """The folders of the compiler's source: npu_graph (with targets, models, parallel), its passes and kernels
+    (with the native C sources); not tools/, the command line."""
+    import npu_graph
+    import npu_graph.kernels
+    import npu_graph.passes
+
+    return {module.__name__: Path(module.__path__[0]) for module in (npu_graph, npu_graph.passes, npu_graph.kernels)}
 
 
 @functools.cache
 def source_digest() -> str:
-    """Digest of the compiler's source (npu_graph, its passes and kernels, native C sources); read once."""
-    import npu_graph.kernels
-    import npu_graph.passes
-
-    return source_digest_of({module.__name__: Path(module.__path__[0])
-                             for module in (npu_graph, npu_graph.passes, npu_graph.kernels)})
+    """Digest of the compiler's source (package_roots), read once per process as Inductor's torch_key is."""
+    return source_digest_of(package_roots())
 
 
 def _callable_name(fn: Any) -> str:

@@ -2,11 +2,13 @@
 
 Three sources, applied in this order: defaults, then `ASCEND_DSA_*` environment variables, then the
 `options={...}` a user passes to torch.compile (flat keys from FLAT_OPTIONS, or dotted nested paths such as
-"debug.graph_dump.path"). `ASCEND_DSA_DISABLE_CACHE=1` is a kill switch and wins over options.
-Unknown keys and attributes raise an error that lists the valid ones.
+"debug.graph_dump.path") and torch.compile's `mode=` (the `mode` setting, one of MODES).
+`ASCEND_DSA_DISABLE_CACHE=1` is a kill switch and wins over options.
+Unknown keys and attributes raise an error that lists the valid ones; `validate` checks every value.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -70,7 +72,7 @@ class StreamsConfig(_StrictGroup):
 @dataclass
 class SuperKernelConfig(_StrictGroup):
     enabled: bool = True
-    compiler: str = "python"
+    compiler: str = "auto"      # "auto": "measured" under the max-autotune modes, else "python"
 
 
 @dataclass
@@ -90,6 +92,7 @@ class VerifyConfig(_StrictGroup):
 @dataclass
 class CompilerConfig(_StrictGroup):
     target: str = "cpu"
+    mode: str = "default"
     strict: bool = False
     debug: DebugConfig = field(default_factory=DebugConfig)
     experimental_config: ExperimentalConfig = field(default_factory=ExperimentalConfig)
@@ -102,15 +105,24 @@ class CompilerConfig(_StrictGroup):
     verify: VerifyConfig = field(default_factory=VerifyConfig)
 
     @classmethod
-    def from_options(cls, options: dict[str, Any] | None = None, env: dict[str, str] | None = None
-                     ) -> CompilerConfig:
-        """Defaults, then environment, then options (flat or dotted keys); validated."""
+    def from_options(cls, options: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                     mode: str | None = None) -> CompilerConfig:
+        """Defaults, then environment, then options (flat or dotted keys), then torch.compile's `mode`;
+        validated."""
         config = cls()
         env = os.environ if env is None else env
         for path, value in _env_settings(env).items():
             config.set(path, value)
         for key, value in (options or {}).items():
             config.set(resolve_option(key), value)
+        if mode is not None:
+            config.mode = mode
+        return config.checked(env)
+
+    def checked(self, env: dict[str, str] | None = None) -> CompilerConfig:
+        """A validated copy, with the `ASCEND_DSA_DISABLE_CACHE` kill switch applied."""
+        config = copy.deepcopy(self)
+        env = os.environ if env is None else env
         if env.get("ASCEND_DSA_DISABLE_CACHE", "") not in ("", "0"):
             config.cache.enabled = False
         config.validate()
@@ -136,6 +148,11 @@ class CompilerConfig(_StrictGroup):
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first setting whose value is not accepted."""
+        if self.mode not in MODES:
+            raise ConfigError(f"torch.compile mode={self.mode!r} is not supported by ascend_dsa; use one of "
+                              f"{list(MODES)} (README 'Options': what each mode does here)")
+        _validate_types(self)
         for path, allowed in _CHOICES.items():
             value = self.get(path)
             if value not in allowed:
@@ -149,6 +166,17 @@ class CompilerConfig(_StrictGroup):
         for part in path.split("."):
             target = getattr(target, part)
         return target
+
+    def superkernel_compiler(self) -> str:
+        """How CPU SuperKernel regions are compiled: the setting, or for "auto" the mode's choice."""
+        if self.superkernel.compiler != "auto":
+            return self.superkernel.compiler
+        return "measured" if self.mode in AUTOTUNE_MODES else "python"
+
+
+# torch.compile's modes (torch passes `mode` to a backend other than Inductor; README "Options").
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 
 FLAT_OPTIONS: dict[str, str] = {
@@ -168,6 +196,7 @@ FLAT_OPTIONS: dict[str, str] = {
     "superkernel_compiler": "superkernel.compiler",
     "nz": "layout.nz",
     "frozen_parameter": "experimental_config.frozen_parameter",
+    "mode": "mode",
 }
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
@@ -179,9 +208,11 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "quant.scale_fmt": ("fp32", "ue8m0"),
     "layout.nz": ("auto", "off"),
     "superkernel.enabled": (True, False),
-    "superkernel.compiler": ("python", "inductor"),
+    "superkernel.compiler": ("auto", "python", "inductor", "measured"),
     "cache.enabled": (True, False),
     "verify.enabled": (True, False),
+    "experimental_config.frozen_parameter": (True, False),
+    "experimental_config.keep_inference_input_mutations": (True, False),
 }
 
 
@@ -220,6 +251,28 @@ def _env_settings(env: dict[str, str]) -> dict[str, Any]:
     if env.get("ASCEND_DSA_CACHE_DIR"):
         settings["cache.dir"] = env["ASCEND_DSA_CACHE_DIR"]
     return settings
+
+
+def _kind(default: Any) -> tuple[tuple[type, ...], str]:
+    """The types a setting whose default is `default` accepts, and how to name them."""
+    if isinstance(default, bool):
+        return (bool,), "True or False"
+    if isinstance(default, int):
+        return (int,), "an integer"
+    if isinstance(default, float):
+        return (int, float), "a number"
+    if isinstance(default, tuple):
+        return (tuple,), "a list of names"
+    return (str, type(None)) if default is None else (str,), "a string"
+
+
+def _validate_types(config: CompilerConfig) -> None:
+    defaults = CompilerConfig()
+    for path in _nested_paths(defaults):
+        value, default = config.get(path), defaults.get(path)
+        types, name = _kind(default)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"option {path}={value!r} must be {name}")
 
 
 def _validate_disabled(disabled: tuple[str, ...]) -> None:

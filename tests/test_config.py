@@ -69,3 +69,42 @@ def test_equal_configs_share_one_backend():
 def test_valid_names_cover_flat_and_nested():
     names = valid_option_names()
     assert "dump_dir" in names and "cache.max_size" in names
+
+
+def test_torch_compile_mode_is_a_validated_setting():
+    assert CompilerConfig().mode == "default"
+    assert CompilerConfig.from_options(mode="reduce-overhead", env={}).mode == "reduce-overhead"
+    assert CompilerConfig.from_options({"mode": "max-autotune"}, env={}).mode == "max-autotune"
+    with pytest.raises(ConfigError, match=r"mode='no-such-mode'.*max-autotune"):
+        CompilerConfig.from_options(mode="no-such-mode", env={})
+
+
+def test_mode_is_part_of_the_key():
+    assert CompilerConfig.from_options(mode="max-autotune", env={}).key() != CompilerConfig().key()
+
+
+@pytest.mark.parametrize("mode, setting, compiler", [
+    ("default", "auto", "python"), ("max-autotune", "auto", "measured"),
+    ("max-autotune-no-cudagraphs", "auto", "measured"), ("reduce-overhead", "auto", "python"),
+    ("max-autotune", "python", "python"), ("default", "inductor", "inductor")])
+def test_superkernel_compiler_follows_the_mode_unless_set(mode, setting, compiler):
+    config = CompilerConfig.from_options({"superkernel_compiler": setting}, mode=mode, env={})
+    assert config.superkernel_compiler() == compiler
+
+
+@pytest.mark.parametrize("options, words", [({"frozen_parameter": 1}, r"frozen_parameter.*True or False"),
+                                            ({"cache_dir": 3}, r"cache\.dir.*string"),
+                                            ({"streams": True}, r"streams\.count.*integer"),
+                                            ({"verify_atol": "small"}, r"verify\.atol.*number")])
+def test_values_of_the_wrong_type_are_rejected(options, words):
+    with pytest.raises(ConfigError, match=words):
+        CompilerConfig.from_options(options, env={})
+
+
+def test_checked_copies_validates_and_applies_the_kill_switch():
+    config = CompilerConfig()
+    checked = config.checked(env={"ASCEND_DSA_DISABLE_CACHE": "1"})
+    assert checked is not config and checked.cache.enabled is False and config.cache.enabled is True
+    config.quant.mode = "int4"
+    with pytest.raises(ConfigError, match=r"quant\.mode"):
+        config.checked(env={})
