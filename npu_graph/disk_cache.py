@@ -1,8 +1,9 @@
 """The on-disk compile cache: the tree and its trust checks, locks, loading and storing, quarantine, LRU, counters.
 
-Layout under the root (ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa), entry schema version in the path:
+Layout under the root (ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa, else ~/.cache/ascend_dsa, as the
+native kernels' build cache picks its folder), entry schema version in the path:
     v2/entries/<key>/       one entry (npu_graph.cache_folder: compiled.py, constants, meta.json, tag)
-    v2/locks/<key>.lock     one lock per entry, held while compiling it
+    v2/locks/<key>.lock     one lock per entry, held while compiling it (it holds the holder's pid)
     v2/tmp/                 entries being written (renamed into entries/ when complete)
     v2/quarantine/          entries that failed a check, moved aside
     v2/stats.json           cumulative counters
@@ -12,11 +13,14 @@ graphs are compiled without it. Each entry is checked (owner, mode, no links, it
 hashes) before any of its code runs; an entry that fails is quarantined with one warning and recompiled. Names
 in entries/ that are not keys (a `.DS_Store`) are ignored.
 A cache that cannot be written (a read-only mount, a container image) still serves hits and writes nothing;
-the first write that fails gives one warning, and graphs compiled after it are not stored.
+the first write that fails (a full disk too) gives one warning, and graphs compiled after it are not stored.
+A process that finds an entry's lock held waits for it with a status line on stderr naming the holder's pid, for
+at most ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600), then warns and compiles the graph itself.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -29,6 +33,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from npu_graph import progress
 from npu_graph.cache_entry import Artifact, artifact_files, artifact_from, artifact_record
 from npu_graph.cache_folder import META, SCHEMA, CorruptEntry, EntryBytes, read_folder, verify_entry, write_entry
 from npu_graph.trust import (
@@ -42,6 +47,40 @@ from npu_graph.trust import (
 
 _COUNTERS = {"hit": "hits", "miss": "misses", "bypass": "bypasses", "store": "stores"}
 _KEY = re.compile(r"[0-9a-f]{64}")
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+LOCK_TIMEOUT_ENV = "ASCEND_DSA_CACHE_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+_LOCK_POLL_S = 0.1
+
+
+def _try_flock(fd: int) -> bool:
+    """Take the exclusive flock without blocking; False while another process holds it. A file system without
+    flock counts as taken (renames still keep entries whole)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid the lock's holder wrote into the lock file, as text."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return text if text.isdigit() else "(pid unknown)"
+
+
+def lock_timeout_from_env() -> float:
+    """Seconds to wait for another process's entry lock: ASCEND_DSA_CACHE_LOCK_TIMEOUT, else 600."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "")
+    try:
+        return float(text) if text else DEFAULT_LOCK_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
 
 
 class CacheWarning(UserWarning):
@@ -49,7 +88,14 @@ class CacheWarning(UserWarning):
 
 
 def default_root() -> str:
-    return os.environ.get("ASCEND_DSA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ascend_dsa")
+    """ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa (an absolute XDG_CACHE_HOME: the XDG spec says to
+    ignore a relative one), else ~/.cache/ascend_dsa."""
+    if os.environ.get("ASCEND_DSA_CACHE_DIR"):
+        return os.environ["ASCEND_DSA_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ascend_dsa")
 
 
 class DiskCache:
@@ -59,8 +105,10 @@ class DiskCache:
     With create=False nothing is created (the command line's read-only commands): a missing root is refused,
     a missing tree is an empty cache, and a missing key leaves every entry unverifiable (`key_problem`)."""
 
-    def __init__(self, root: str | None = None, max_size: int = 2 << 30, create: bool = True):
+    def __init__(self, root: str | None = None, max_size: int = 2 << 30, create: bool = True,
+                 lock_timeout: float | None = None):
         self.root = os.path.abspath(root or default_root())
+        self.lock_timeout = lock_timeout_from_env() if lock_timeout is None else lock_timeout
         self.base = os.path.join(os.path.realpath(self.root), SCHEMA)
         self.max_size = max_size
         self.read_only: str | None = None
@@ -117,7 +165,8 @@ class DiskCache:
     def cannot_write(self, exc: OSError) -> None:
         """Turn storing off, with one warning the first time."""
         if self.read_only is None:
-            self.read_only = f"{self.root} cannot be written ({exc.strerror or exc})"
+            self.read_only = (f"the disk holding {self.root} is full ({exc.strerror})" if exc.errno in _DISK_FULL
+                              else f"{self.root} cannot be written ({exc.strerror or exc})")
             warnings.warn(f"ascend_dsa cache: {self.read_only}; cached graphs are still used, graphs compiled now "
                           f"are not stored", CacheWarning, stacklevel=3)
 
@@ -145,14 +194,48 @@ class DiskCache:
             fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
+    def _take_entry_lock(self, key: str) -> int | None:
+        """The entry's lock file, flocked, with this process's pid written in it for the processes that wait;
+        None when another process held it past `lock_timeout`."""
+        fd = os.open(self._path("locks", key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            if not _try_flock(fd) and not self._wait_for_lock(fd, key):
+                os.close(fd)
+                return None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _wait_for_lock(self, fd: int, key: str) -> bool:
+        """Poll the lock until it is ours (True) or `lock_timeout` passes (False, one warning naming the holder);
+        a status line on stderr says whom this process waits for."""
+        with progress.status(f"waiting for process {_lock_holder(fd)}, which is compiling the same graph "
+                             f"(cache entry {key[:12]})"):
+            deadline = time.monotonic() + self.lock_timeout
+            while not _try_flock(fd):
+                if time.monotonic() >= deadline:
+                    warnings.warn(f"ascend_dsa cache: waited {self.lock_timeout:g} s for the lock of entry "
+                                  f"{key[:12]}, held by process {_lock_holder(fd)}; compiling this graph without "
+                                  f"waiting for it (set {LOCK_TIMEOUT_ENV} to wait longer)", CacheWarning,
+                                  stacklevel=2)
+                    return False
+                time.sleep(_LOCK_POLL_S)
+        return True
+
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
         """Exclusive per-entry lock (fcntl), so concurrent processes compile an entry once. When the lock file
-        cannot be made, the cache is read-only from then on (one warning) and this holds no lock."""
+        cannot be made, the cache is read-only from then on (one warning) and this holds no lock; when another
+        process holds it past `lock_timeout`, this holds none either (one warning: storing stays safe, as
+        entries are renamed into place whole)."""
         fd = None
         if self.read_only is None:
             try:
-                fd = self._take_lock(key)
+                fd = self._take_entry_lock(key)
             except OSError as exc:
                 self.cannot_write(exc)
         try:
