@@ -64,7 +64,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         npu_compiled = None
         if config.target == "npu":
             npu_compiled, report.extra["npu_program"] = npu.lower(gm, report.name, dump)
-        compiled = npu_compiled or cpu.lower(gm, report.name, hoist)
+        compiled = npu_compiled or cpu.lower(gm, report.name, hoist,
+                                             config.experimental_config.frozen_parameter)
     except Exception as exc:
         raise CompileStepError("lower", exc) from exc
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3
@@ -73,6 +74,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     if npu_compiled is None:
         report.extra["implementations"] = implementations(gm)
     report.ops = op_count(gm)
+    report.extra["runtime"] = {"mode": config.mode, "prologue": compiled._prologue is not None,
+                               "prologue_parameters": len(compiled.param_indices),
+                               "frozen_parameters": compiled.frozen_parameters}
     report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
     if dump:
         dump.write_text("compiled.py", compiled.source)

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 FUSED_NAMESPACE = "ascend_dsa"
-PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program", "implementations")
+PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program", "implementations", "runtime")
 
 
 def graph_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -8,9 +8,14 @@ longer needs them). When it is built, fused-op calls are bound to their Python i
 calls to their C++ callables (direct_calls); before that, the ATen calls a native kernel takes where it applies
 are bound to it: aten.mm for decode-sized operands (skinny_mm), depthwise 1-D convolutions (depthwise_conv1d)
 and CPU flash attention with small head dims (dense_attention).
+
+The prologue runs again whenever a parameter object or its version counter changes; with
+`FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
+Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.superkernel) and FROZEN_PARAMETERS.
 """
 from __future__ import annotations
 
+import operator
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,6 +38,16 @@ def _nested_namespace(attributes: dict[str, Any]) -> SimpleNamespace:
             node = getattr(node, part)
         setattr(node, leaf, value)
     return root
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _executed(source: str, globals_: dict[str, Any], name: str) -> dict[str, Any]:
+    """The namespace of `source` run as it is (torch.ops calls, no direct bindings): what Inductor traces."""
+    namespace = dict(globals_)
+    exec(compile(source, f"<ascend_dsa:{name}:plain>", "exec"), namespace)
+    return namespace
 
 
 class CompiledGraph:
@@ -58,17 +73,24 @@ class CompiledGraph:
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)
-        bind_regions(self._self, namespace)
+        compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
+        bind_regions(self._self, namespace, {} if compiler == "python" else _executed(source, globals_, name))
+        self.frozen_parameters = bool(namespace.get("FROZEN_PARAMETERS", False))
+        self.prologue_runs = 0
         self._hoisted: tuple[Any, ...] = ()
-        self._hoisted_for: list[tuple[int, int]] | None = None
+        self._hoisted_for: tuple[list[int], list[int]] | None = None
 
     def _hoisted_values(self, inputs: list[Any]) -> tuple[Any, ...]:
-        """Prologue outputs, recomputed only when a parameter object or its version changes."""
+        """Prologue outputs, recomputed only when a parameter object or its version changes; with frozen
+        parameters (FROZEN_PARAMETERS in the source) computed once, with no per-call check."""
+        if self.frozen_parameters and self._hoisted_for is not None:
+            return self._hoisted
         params = [inputs[i] for i in self.param_indices]
-        stamp = [(id(p), p._version) for p in params]
+        stamp = (list(map(id, params)), list(map(_VERSION, params)))
         if stamp != self._hoisted_for:
             self._hoisted = tuple(self._prologue(self._self, *params))
             self._hoisted_for = stamp
+            self.prologue_runs += 1
         return self._hoisted
 
     def __call__(self, args: list[Any]) -> Any:

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from npu_graph.autotune import MeasuredChoice
+
 PREFIX = "superkernel_"
 
 
@@ -109,12 +111,21 @@ def is_region(node: torch.fx.Node) -> bool:
     return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(PREFIX)
 
 
-def bind_regions(holder: Any, namespace: dict[str, Any]) -> None:
-    """Make every `superkernel_N` function of executed generated source callable as `holder.superkernel_N`;
-    with SUPERKERNEL_COMPILER = "inductor" in the source, each region is compiled by Inductor on first use."""
+def bind_regions(holder: Any, namespace: dict[str, Any], plain: dict[str, Any]) -> None:
+    """Make every `superkernel_N` function of executed generated source callable as `holder.superkernel_N`.
+    With SUPERKERNEL_COMPILER = "inductor" in the source, each region is compiled by Inductor on first use
+    (from `plain`, the namespace of the source without the runtime's direct bindings, which Dynamo cannot
+    trace); with "measured", its first call times the Python and Inductor forms and keeps the faster
+    (npu_graph.autotune)."""
     compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
     for name, fn in namespace.items():
         if name.startswith(PREFIX) and callable(fn):
             region = functools.partial(fn, holder)
-            setattr(holder, name, torch.compile(region, backend="inductor", dynamic=None)
-                    if compiler == "inductor" else region)
+            if compiler == "python":
+                setattr(holder, name, region)
+                continue
+            inductor = torch.compile(functools.partial(plain[name], holder), backend="inductor", dynamic=None)
+            if compiler == "measured":
+                inductor = MeasuredChoice(name, {"python": region, "inductor": inductor},
+                                          functools.partial(setattr, holder, name))
+            setattr(holder, name, inductor)

@@ -5,7 +5,8 @@ order, consecutive pure ATen compute nodes on the same stream form a region; a f
 in-place write, a stream event or a change of stream ends it. Regions with at least two operators become a
 call_module node over a submodule `superkernel_N` (npu_graph.superkernel; node.meta["superkernel"] = N on
 the call and on the nodes inside). The CPU target compiles each region as one callable (plain Python, or
-Inductor with `superkernel.compiler="inductor"`); the NPU target opens a `super_kernel` scope per region.
+Inductor with `superkernel.compiler="inductor"`, or the faster of both, timed at the first call, with
+"measured", the max-autotune modes' choice); the NPU target opens a `super_kernel` scope per region.
 """
 from __future__ import annotations
 
@@ -64,9 +65,10 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
                 "ops": sum(not is_free(n) for n in members), "nodes": len(members)}
                for i, members in enumerate(runs)]
     wrap(gm)
-    gm.meta["superkernel_compiler"] = config.compiler
+    compiler = ctx.config.superkernel_compiler()
+    gm.meta["superkernel_compiler"] = compiler
     inside = sum(r["ops"] for r in regions)
-    summary = {"count": len(regions), "enabled": True, "compiler": config.compiler, "ops_inside": inside,
+    summary = {"count": len(regions), "enabled": True, "compiler": compiler, "ops_inside": inside,
                "regions": regions}
     return PassResult(changed=bool(regions), stats={"regions": len(regions), "ops_inside": inside},
                       summary={"superkernels": summary})

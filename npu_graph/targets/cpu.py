@@ -24,10 +24,13 @@ def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
     return plan
 
 
-def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
+def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = (),
+          frozen_parameters: bool = False) -> CompiledGraph:
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
-    function that the runtime runs once per parameter version (npu_graph.hoist). SuperKernel regions are
-    opened for hoisting and closed again, then each becomes a function `superkernel_N` of the source.
+    function that the runtime runs once per parameter version (npu_graph.hoist), or once and never checks
+    again with `frozen_parameters` (FROZEN_PARAMETERS in the source: torchair's frozen_parameter).
+    SuperKernel regions are opened for hoisting and closed again, then each becomes a function `superkernel_N`
+    of the source.
     Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
     streams.drop_host_events(gm)
     prologue, used = None, []
@@ -37,12 +40,15 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
         superkernel.wrap(gm)
     code = gm.graph.python_code(root_module="self")
     regions, region_globals = superkernel.region_source(gm)
-    if regions:
-        regions += f"SUPERKERNEL_COMPILER = {gm.meta.get('superkernel_compiler', 'python')!r}\n"
     source, globals_, attributes = regions + code.src, {**region_globals, **code.globals}, attribute_plan(gm)
     if prologue is not None:
         pro = prologue.graph.python_code(root_module="self")
         source = pro.src.replace("def forward(", "def prologue(", 1) + source
         globals_.update(pro.globals)
         attributes.update(attribute_plan(prologue))
+    # Settings go at the top: each generated function's source ends inside its indented body.
+    if regions:
+        source = f"SUPERKERNEL_COMPILER = {gm.meta.get('superkernel_compiler', 'python')!r}\n" + source
+    if prologue is not None and frozen_parameters:
+        source = "FROZEN_PARAMETERS = True\n" + source
     return CompiledGraph(name, source, globals_, attributes, tuple(used))
