@@ -32,14 +32,15 @@ def _number(value: float) -> str:
 
 
 def cell(value: Any) -> str:
-    """One value inside a table cell: scalars as text, short lists and flat dicts inline, records nested."""
+    """One value inside a table cell: scalars as text, lists and dicts inline (a dict inside a dict in
+    braces), a list of records as a nested table."""
     if value is None or value == "" or value == [] or value == {}:
         return "-"
     if isinstance(value, (bool, str)):
         return esc(value)
     if isinstance(value, (int, float)):
         return esc(_number(value))
-    if _records(value):
+    if isinstance(value, list) and _records(value):
         return records_table(value)
     if isinstance(value, (list, tuple)):
         items = [cell(v) for v in value[:MAX_INLINE_ITEMS]]
@@ -48,7 +49,8 @@ def cell(value: Any) -> str:
         return f"[{text}]" if any(not _scalar(v) for v in value) or len(value) > 1 else text
     if isinstance(value, dict):
         pairs = list(value.items())
-        items = [f"{esc(k)}: {cell(v)}" for k, v in pairs[:MAX_INLINE_ITEMS]]
+        items = [f"{esc(k)}: {{{cell(v)}}}" if isinstance(v, dict) and v else f"{esc(k)}: {cell(v)}"
+                 for k, v in pairs[:MAX_INLINE_ITEMS]]
         more = f" … ({len(pairs)} in all)" if len(pairs) > MAX_INLINE_ITEMS else ""
         return "; ".join(items) + more
     return esc(value)

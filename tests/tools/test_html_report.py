@@ -212,6 +212,7 @@ def test_section_shapes():
     assert html_tables.section([], empty="none") == "<p>none</p>"
     nested = html_tables.section({"a": 1, "rows": [{"k": 1, "v": {"x": [1, 2]}}], "more": {"p": {"q": 2}}})
     assert nested.count("<table") == 3 and "<td>x: [1, 2]</td>" in nested
+    assert html_tables.cell({"matches": {"conv": 2}, "near": []}) == "matches: {conv: 2}; near: -"
     long = html_tables.section([{"i": i} for i in range(html_tables.SCROLL_ROWS + 1)])
     assert long.startswith('<div class="scroll">')
     assert html_tables.cell(17476.637) == "17477" and html_tables.cell(0.20421) == "0.2042"
