@@ -62,6 +62,18 @@ def causal_visible(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
     return keys <= positions.unsqueeze(-1)
 
 
+def indexer_kl_loss(index_scores: torch.Tensor, attention_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ softmax(index_scores)) averaged over queries, p being the dense attention distribution summed over
+    heads and renormalised (DeepSeek-V3.2's indexer warm-up objective): index_scores `[B, T, S]`,
+    attention_logits `[B, H, T, S]` (causal mask included, detached). Keys no query sees (-inf in both) add 0."""
+    target = F.softmax(attention_logits, dim=-1).sum(dim=1)
+    target = target / target.sum(dim=-1, keepdim=True)
+    log_q = F.log_softmax(index_scores, dim=-1)
+    log_q = torch.where(target > 0, log_q, torch.zeros_like(log_q))
+    per_query = (torch.xlogy(target, target) - target * log_q).sum(dim=-1)
+    return per_query.mean()
+
+
 class LightningIndexer(nn.Module):
     """DSA's lightning indexer: picks the `index_topk` most relevant visible keys for every query."""
 
@@ -84,7 +96,12 @@ class LightningIndexer(nn.Module):
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, cache: HybridCache,
                 layer: DSALayerCache) -> torch.Tensor:
-        """Top-k key positions `[B, T, min(index_topk, capacity)]` (int64) per query; writes this step's keys."""
+        """Top-k key positions `[B, T, min(index_topk, capacity)]` (int64) per query; writes this step's keys.
+
+        In training mode the indexer reads detached inputs (only its KL loss trains it, as DeepSeek-V3.2's
+        indexer is trained) and keeps its masked scores in `self.scores` for DSAAttention's loss."""
+        if self.training:
+            x, qr = x.detach(), qr.detach()
         batch, seq, _ = x.shape
         cos, sin = self.rotary(positions)
         q = self._rope_part(self.wq_b(qr).view(batch, seq, self.n_heads, self.head_dim), cos, sin)
@@ -95,6 +112,8 @@ class LightningIndexer(nn.Module):
         scores = torch.einsum("bthd,bsd->bths", q, keys).relu()
         index_scores = (scores * weights.unsqueeze(-1)).sum(dim=2)
         index_scores = index_scores.masked_fill(~causal_visible(positions, keys.shape[1]), float("-inf"))
+        if self.training:
+            self.scores = index_scores
         return index_scores.topk(min(self.topk, keys.shape[1]), dim=-1).indices
 
 
@@ -156,6 +175,8 @@ class DSAAttention(nn.Module):
         index_mask = scores.new_full((batch, seq, num_keys), float("-inf"))
         index_mask = index_mask.scatter(-1, topk, 0.0)
         causal_mask = torch.zeros_like(index_mask).masked_fill(~causal_visible(positions, num_keys), float("-inf"))
+        if self.training:
+            self.aux_loss = indexer_kl_loss(self.indexer.scores, scores.detach() + causal_mask.unsqueeze(1))
         probs = F.softmax(scores + (index_mask + causal_mask).unsqueeze(1), dim=-1)
         return torch.einsum("bhts,bsc->bthc", probs, latent)
 

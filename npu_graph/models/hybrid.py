@@ -7,12 +7,15 @@ connections are block attention residuals (`attn_res.py`). Inference state lives
 (T = 1), reads positions from the cache's length tensor and keeps every shape static, so it traces with
 `torch.compile(fullgraph=True)` and one decode graph serves every step.
 
-The model is inference-only: call it under `torch.no_grad()`.
+Inference runs under `torch.no_grad()` in eval mode. In training mode (npu_graph.training) every input is one
+whole sequence from an empty cache, and the lightning indexers and MoE routers keep their auxiliary losses in
+`aux_loss` after each forward (`aux_losses(model)` collects them).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,6 +111,16 @@ CONFIGS: dict[str, HybridConfig] = {
         moe_intermediate_size=32, max_context=256, block_size=16, initializer_range=0.1,
     ),
     "small": _SMALL,
+    # Trained on the stdlib's bytes by npu_graph.training (a few minutes on 2 cores); kv_lora_rank and
+    # index_head_dim fit the FP8 cache of quant="dsa" (multiples of 128 and 32).
+    "stdlib": HybridConfig(
+        vocab_size=256, hidden_size=128, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=4,
+        q_lora_rank=64, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        index_n_heads=8, index_head_dim=32, index_rope_head_dim=16, index_topk=64,
+        kda_num_heads=4, kda_head_dim=32, intermediate_size=256,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+        moe_intermediate_size=64, max_context=512, block_size=64,
+    ),
     "ctx16k": dataclasses.replace(_SMALL, max_context=16384 + 256, index_topk=2048),
 }
 
@@ -158,6 +171,14 @@ class HybridLM(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding, MoEGate)):
             nn.init.normal_(module.weight, std=std)
 
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> HybridLM:
+        """The model saved at `path` by npu_graph.training (config.json + model.safetensors), in eval mode;
+        a missing or damaged checkpoint raises CheckpointError naming the file and what to do."""
+        from npu_graph.training.checkpoint import load_model
+
+        return load_model(path)
+
     def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
         """An empty cache for `batch_size` sequences of up to `config.max_context` tokens."""
         return HybridCache(self.config, batch_size, kv_dtype=kv_dtype)
@@ -177,6 +198,17 @@ class HybridLM(nn.Module):
         cache.advance_(input_ids.shape[1])
         h = self.final_res([*blocks, partial])
         return self.lm_head(self.norm(h))
+
+
+def aux_losses(model: HybridLM) -> dict[str, torch.Tensor]:
+    """The auxiliary losses of the last training-mode forward, each averaged over the layers that have it:
+    `indexer_kl` (lightning indexers vs dense attention) and `balance` (MoE routers)."""
+    found: dict[str, list[torch.Tensor]] = {"indexer_kl": [], "balance": []}
+    for module in model.modules():
+        loss = getattr(module, "aux_loss", None) if module.training else None
+        if loss is not None:
+            found["balance" if isinstance(module, MoEGate) else "indexer_kl"].append(loss)
+    return {name: torch.stack(losses).mean() for name, losses in found.items() if losses}
 
 
 @torch.no_grad()

@@ -97,7 +97,9 @@ class KimiDeltaAttention(nn.Module):
         forget = self.f_b(self.f_a(x)).view(heads) + self.dt_bias.view(self.n_heads, self.head_dim)
         g = -self.A_log.exp().unsqueeze(-1) * F.softplus(forget)
         beta = torch.sigmoid(self.b_proj(x))
-        o, state = kda_core(q, k, v, g, beta, scale=self.head_dim ** -0.5, initial_state=layer.state,
+        # training: autograd keeps the entering state, which the copy_ below would overwrite
+        entering = layer.state.clone() if self.training else layer.state
+        o, state = kda_core(q, k, v, g, beta, scale=self.head_dim ** -0.5, initial_state=entering,
                             output_final_state=True)
         layer.state.copy_(state)
         o = self.o_norm(o, self.g_b(self.g_a(x)).view(heads))

@@ -33,6 +33,18 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def balance_loss(scores: torch.Tensor, topk_ids: torch.Tensor, top_k: int) -> torch.Tensor:
+    """DeepSeek-V3's complementary balance loss over the tokens of a batch: Σ_i f_i P_i, with f_i the fraction of
+    routed slots expert i received times n_experts / top_k (1 when balanced) and P_i its mean normalised
+    affinity. It is 1 for a perfectly balanced router and grows as routing collapses onto few experts."""
+    n_tokens, n_experts = scores.shape
+    counts = torch.zeros(n_experts, device=scores.device).index_add_(
+        0, topk_ids.flatten(), torch.ones(topk_ids.numel(), device=scores.device))
+    fraction = counts * n_experts / (top_k * n_tokens)
+    affinity = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=0)
+    return (fraction * affinity).sum()
+
+
 class MoEGate(nn.Module):
     """DeepSeek-V3 router: `forward(x [N, D])` -> (topk_weights fp32 `[N, k]`, topk_ids int64 `[N, k]`)."""
 
@@ -57,6 +69,8 @@ class MoEGate(nn.Module):
         topk_ids = choice.topk(self.top_k, dim=-1).indices
         topk_weights = scores.gather(1, topk_ids)
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.training:
+            self.aux_loss = balance_loss(scores, topk_ids, self.top_k)
         return topk_weights * self.routed_scaling_factor, topk_ids
 
 

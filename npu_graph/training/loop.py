@@ -1,0 +1,137 @@
+"""Train the reference HybridLM on the stdlib corpus: `train(TrainSettings(...)) -> dict`.
+
+Each step takes `batch` random windows of `seq_len` + 1 bytes from the training part, runs the model in
+training mode from an empty cache sized to the window, and minimises
+
+    cross-entropy of the next byte  +  indexer_kl_weight · KL(dense attention ‖ indexer)  +  balance_weight · balance
+
+(the indexers read detached inputs, so the KL term trains only them, as DeepSeek-V3.2 trains its indexer; the
+balance term is DeepSeek-V3's complementary load-balance loss of the MoE routers). AdamW, linear warm-up then
+cosine decay over the planned steps (or, when only a time budget is given, over the budget's elapsed
+fraction), gradient norm clipped at 1. With `max_steps` a run is reproducible bit for bit for its seed.
+At the end the model is evaluated on fixed held-out windows (bits per byte) and saved with its record and
+loss curve (npu_graph.training.checkpoint, curve).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from npu_graph.models.cache import HybridCache
+from npu_graph.models.hybrid import HybridConfig, HybridLM, aux_losses
+from npu_graph.training import checkpoint, corpus, curve
+from npu_graph.training.progress import StepReporter
+
+LN2 = math.log(2.0)
+
+
+@dataclass
+class TrainSettings:
+    """What a run does; every field is recorded in the checkpoint's training.json."""
+    config: str = "stdlib"
+    seed: int = 0
+    batch: int = 8
+    seq_len: int = 256
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    minutes: float = 10.0
+    max_steps: int | None = None
+    indexer_kl_weight: float = 0.5
+    balance_weight: float = 0.01
+    eval_windows: int = 64
+    eval_every: int = 100
+    max_train_bytes: int | None = None
+
+
+def bits_per_byte(model: HybridLM, windows: torch.Tensor, batch: int) -> float:
+    """Mean next-byte cross-entropy in bits over `windows` [N, L + 1], in eval mode."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for part in windows.split(batch):
+            logits = model(part[:, :-1], _window_cache(model.config, part.shape[0], part.shape[1] - 1))
+            total += F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="sum").item()
+            count += part[:, 1:].numel()
+    model.train(was_training)
+    return total / count / LN2
+
+
+def _window_cache(config: HybridConfig, batch: int, length: int) -> HybridCache:
+    """An empty cache holding exactly one window (whole blocks), so attention reads no unused capacity."""
+    blocks = -(-length // config.block_size)
+    return HybridCache(dataclasses.replace(config, max_context=blocks * config.block_size), batch)
+
+
+def _lr_factor(settings: TrainSettings, step: int, fraction_done: float) -> float:
+    if step < settings.warmup_steps:
+        return (step + 1) / settings.warmup_steps
+    return 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(fraction_done, 1.0)))
+
+
+def _step(model: HybridLM, optimizer: torch.optim.Optimizer, windows: torch.Tensor,
+          settings: TrainSettings) -> dict[str, float]:
+    logits = model(windows[:, :-1], _window_cache(model.config, windows.shape[0], windows.shape[1] - 1))
+    ce = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+    aux = aux_losses(model)
+    loss = (ce + settings.indexer_kl_weight * aux.get("indexer_kl", ce.new_zeros(()))
+            + settings.balance_weight * aux.get("balance", ce.new_zeros(())))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return {"bits_per_byte": ce.item() / LN2, **{name: value.item() for name, value in aux.items()}}
+
+
+def train(settings: TrainSettings, out: str | Path | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run training (module docstring); returns the record saved with the checkpoint, plus `path`."""
+    out = Path(out) if out is not None else checkpoint.default_dir(settings.config, settings.seed)
+    text = corpus.load_corpus(max_train_bytes=settings.max_train_bytes)
+    torch.manual_seed(settings.seed)
+    model = HybridLM(HybridConfig.named(settings.config)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    generator = torch.Generator().manual_seed(settings.seed)
+    heldout = corpus.fixed_windows(text.heldout, settings.eval_windows, settings.seq_len)
+    budget_s = settings.minutes * 60.0
+    history: list[tuple[int, float]] = []
+    evals: list[tuple[int, float]] = []
+    start, step, last = time.perf_counter(), 0, {}
+    with StepReporter(settings.max_steps, budget_s, show_progress) as reporter:
+        while _keep_going(settings, step, time.perf_counter() - start, budget_s):
+            elapsed = time.perf_counter() - start
+            fraction = step / settings.max_steps if settings.max_steps else elapsed / budget_s
+            for group in optimizer.param_groups:
+                group["lr"] = settings.lr * _lr_factor(settings, step, fraction)
+            windows = corpus.random_windows(text.train, settings.batch, settings.seq_len, generator)
+            last = _step(model, optimizer, windows, settings)
+            step += 1
+            history.append((step, last["bits_per_byte"]))
+            if step % settings.eval_every == 0:
+                evals.append((step, bits_per_byte(model, heldout, settings.batch)))
+            reporter.update(step, last, settings.batch * settings.seq_len)
+    seconds = time.perf_counter() - start
+    final = bits_per_byte(model, heldout, settings.batch)
+    evals.append((step, final))
+    record = {"settings": dataclasses.asdict(settings), "steps": step, "seconds": round(seconds, 1),
+              "corpus_digest": text.digest, "train_files": len(text.train_files),
+              "heldout_files": len(text.heldout_files), "heldout_bits_per_byte": round(final, 4),
+              "final_losses": {k: round(v, 4) for k, v in last.items()}, "heldout_curve": evals,
+              "torch": torch.__version__}
+    checkpoint.save(model.eval(), record, out)
+    curve.write_svg(out / "loss.svg", history, evals, f"{settings.config}: {step} steps, {seconds:.0f} s, "
+                                                      f"held-out {final:.3f} bits/byte")
+    return {**record, "path": str(out)}
+
+
+def _keep_going(settings: TrainSettings, step: int, elapsed: float, budget_s: float) -> bool:
+    if settings.max_steps is not None:
+        return step < settings.max_steps
+    return elapsed < budget_s
