@@ -63,7 +63,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         hoist = param_indices if placeholders == len(example_inputs) else ()
         npu_compiled = None
         if config.target == "npu":
-            npu_compiled, report.extra["npu_program"] = npu.lower(gm, report.name, dump)
+            npu_compiled, report.extra["npu_program"] = npu.lower(gm, report.name, dump,
+                                                                  npu.torchair_mode(config.mode))
         compiled = npu_compiled or cpu.lower(gm, report.name, hoist,
                                              config.experimental_config.frozen_parameter)
     except Exception as exc:

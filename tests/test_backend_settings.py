@@ -63,6 +63,19 @@ def test_each_mode_reaches_the_backend_and_matches_eager(mode):
     assert report.fallback is None and report.extra["runtime"]["mode"] == mode
 
 
+@pytest.mark.filterwarnings("ignore::npu_graph.targets.npu.NpuProgramNotExecutedWarning")
+@pytest.mark.parametrize("mode, torchair_mode", [("reduce-overhead", "reduce-overhead"), ("default", "max-autotune")])
+def test_the_npu_program_runs_in_the_modes_torchair_graph_mode(mode, torchair_mode, tmp_path):
+    model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
+    backend = get_backend({"target": "npu", "mode": mode, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(x)
+    section = backend.reports[-1].extra["npu_program"]
+    assert section["torchair_mode"] == torchair_mode
+    program = (tmp_path / backend.reports[-1].dump_folder / "npu_program_torchair.py").read_text()
+    assert ('config.mode = "reduce-overhead"' in program) == (mode == "reduce-overhead")
+
+
 def test_mode_with_a_backend_object_compiles_under_that_mode():
     backend = get_backend({"streams": 2})
     model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)

@@ -2,9 +2,11 @@
 
 `lower` always builds both program forms (npu_program.generate), validates every torch_npu / torchair call
 against the pinned table (npu_contract) and writes `npu_program.py` (eager torch_npu) and
-`npu_program_torchair.py` (torchair graph mode) into the dump. With torch_npu importable it returns the program
-as a CompiledGraph (torchair form when torchair is importable too); without it, it returns None so the caller
-runs the CPU program, and warns once (NpuProgramNotExecutedWarning). torch_npu is imported nowhere else.
+`npu_program_torchair.py` (torchair graph mode: torchair's "reduce-overhead" aclgraph mode under torch.compile's
+mode="reduce-overhead", else its default "max-autotune" GE mode; `torchair_mode`) into the dump. With
+torch_npu importable it returns the program as a CompiledGraph (torchair form when torchair is importable too);
+without it, it returns None so the caller runs the CPU program, and warns once (NpuProgramNotExecutedWarning).
+torch_npu is imported nowhere else.
 """
 from __future__ import annotations
 
@@ -36,9 +38,14 @@ def available(module: str = "torch_npu") -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def build(gm: torch.fx.GraphModule, name: str) -> NpuProgram:
+def torchair_mode(mode: str) -> str:
+    """torchair's graph mode for a torch.compile mode: "reduce-overhead" (aclgraph) or its default "max-autotune"."""
+    return "reduce-overhead" if mode == "reduce-overhead" else "max-autotune"
+
+
+def build(gm: torch.fx.GraphModule, name: str, graph_mode: str = "max-autotune") -> NpuProgram:
     """The checked NPU program for a final pipeline graph (gm is not modified)."""
-    program = generate(gm, name)
+    program = generate(gm, name, graph_mode)
     check_calls(program.calls + program.scope_calls)
     return program
 
@@ -60,10 +67,11 @@ def _write(program: NpuProgram, dump: Any) -> str | None:
     return os.path.join(dump.folder, PROGRAM_FILES["eager"])
 
 
-def lower(gm: torch.fx.GraphModule, name: str, dump: Any = None) -> tuple[CompiledGraph | None, dict[str, Any]]:
+def lower(gm: torch.fx.GraphModule, name: str, dump: Any = None, graph_mode: str = "max-autotune"
+          ) -> tuple[CompiledGraph | None, dict[str, Any]]:
     """(the NPU CompiledGraph, or None without torch_npu; the report's "npu_program" section)."""
-    program = build(gm, name)
-    summary = {"path": _write(program, dump), **program.summary()}
+    program = build(gm, name, graph_mode)
+    summary = {"path": _write(program, dump), **program.summary(), "torchair_mode": graph_mode}
     if not available("torch_npu"):
         _warn_once()
         return None, summary

@@ -144,8 +144,9 @@ def _prologue(placeholders: list[str], nz: tuple[int, ...], walker: _Walker) -> 
             f"    return ({', '.join(casts)},)", "", ""]
 
 
-def generate(gm: torch.fx.GraphModule, name: str) -> NpuProgram:
-    """Both program forms for a final pipeline graph (does not modify `gm`)."""
+def generate(gm: torch.fx.GraphModule, name: str, graph_mode: str = "max-autotune") -> NpuProgram:
+    """Both program forms for a final pipeline graph (does not modify `gm`); the torchair form in torchair's
+    `graph_mode` ("max-autotune" or "reduce-overhead", npu_scopes)."""
     walker = _Walker(gm)
     params, hoisted, nz = _signature_lines(walker, gm)
     prologue = _prologue(params, nz, walker)
@@ -153,11 +154,11 @@ def generate(gm: torch.fx.GraphModule, name: str) -> NpuProgram:
     output = walker.names.text(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     sources, scopes, scope_calls = {}, Counter(), []
     for mode in MODES:
-        writer = ScopeWriter(mode, walker.names)
+        writer = ScopeWriter(mode, walker.names, graph_mode)
         body = writer.write(blocks)
-        scopes, scope_calls = writer.counts, scope_calls + writer.calls
         header = writer.header(name, sorted(walker.imports), walker.composites)
         signature = ", ".join(["self", *params, *hoisted])
         forward = [f"def {writer.forward_name}({signature}):", *body, f"    return {output}", *writer.footer()]
+        scopes, scope_calls = writer.counts, scope_calls + writer.calls
         sources[mode] = "\n".join([*header, *prologue, *forward]) + "\n"
     return NpuProgram(name, sources, walker.calls, walker.composites, nz, scopes, scope_calls)

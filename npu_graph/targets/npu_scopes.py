@@ -4,7 +4,11 @@ Consecutive nodes on one non-main stream (node.meta["stream"]) share one scope. 
 (npu_graph.streams.record_event / wait_event) become `torch.npu.Event` record / `Stream.wait_event` in eager
 form; in torchair form a wait becomes `npu_wait_tensor(<an input of the next node on the waiting stream>,
 <a tensor the recorded producers made>)`. A `superkernel_N` region becomes a `super_kernel` scope (torchair)
-or a commented inline region (eager).
+or a commented inline region (eager). The torchair form in torchair's "reduce-overhead" graph mode (aclgraph
+capture and replay; torch.compile's mode="reduce-overhead") has neither `npu_wait_tensor` nor `super_kernel`
+(both are GE "max-autotune" mode scopes): events are tagged events (`torchair.ops.npu_create_tagged_event`,
+recorded and waited on in their stream's scope), regions are inlined, and `forward` is compiled with
+`config.mode = "reduce-overhead"`.
 """
 from __future__ import annotations
 
@@ -52,8 +56,9 @@ def _indent(lines: list[str], depth: int = 1) -> list[str]:
 class ScopeWriter:
     """Writes Blocks as a forward body in one mode ("eager" or "torchair")."""
 
-    def __init__(self, mode: str, names: Names):
-        self.mode, self.names = mode, names
+    def __init__(self, mode: str, names: Names, graph_mode: str = "max-autotune"):
+        self.mode, self.names, self.graph_mode = mode, names, graph_mode
+        self.captured = mode == "torchair" and graph_mode == "reduce-overhead"
         self.counts: Counter[str] = Counter()
         self.calls: list[NpuCall] = []
         self.streams: set[int] = set()
@@ -102,9 +107,10 @@ class ScopeWriter:
         self.counts["superkernel"] += 1
         name = block.node.target
         body = self.write(block.children)
-        if self.mode == "eager":
-            head = [f"# {name}: one SuperKernel in torchair graph mode (npu_program_torchair.py)"]
-            return _indent(head) + body + _indent(block.tail)
+        if self.mode == "eager" or self.captured:
+            where = "a super_kernel scope only in max-autotune (GE) mode" if self.captured else \
+                "one SuperKernel in torchair graph mode (npu_program_torchair.py)"
+            return _indent([f"# {name}: {where}"]) + body + _indent(block.tail)
         scope = self.scope("torchair.scope.super_kernel", [Arg.literal(name)])
         return _indent([scope]) + _indent(body) + _indent(block.tail)
 
@@ -112,6 +118,8 @@ class ScopeWriter:
         event, stream = node.args[0], node.args[1]
         self.events.add(event)
         self.streams.add(stream)
+        if self.captured:
+            return self.tagged_event(event, stream, node.target.__name__ == "record_event")
         if node.target.__name__ == "record_event":
             self.producers[event] = [self.names.text(p) for p in node.args[2:] if isinstance(p, torch.fx.Node)]
             if self.mode == "eager":
@@ -120,6 +128,12 @@ class ScopeWriter:
         if self.mode == "eager":
             return [f"STREAMS[{stream}].wait_event(EVENTS[{event}])"]
         return self.wait_tensor(event, stream, rest)
+
+    def tagged_event(self, event: int, stream: int, record: bool) -> list[str]:
+        call = NpuCall(f"torchair.ops.npu_tagged_event_{'record' if record else 'wait'}",
+                       [Arg(f"EVENTS[{event}]", "expr")])
+        self.calls.append(call)
+        return [call.source()] if not stream else [self.stream_scope(stream), INDENT + call.source()]
 
     def wait_tensor(self, event: int, stream: int, rest: list[Block]) -> list[str]:
         consumer = next((b.node for b in rest if not b.event and (b.stream or 0) == stream
@@ -135,7 +149,7 @@ class ScopeWriter:
         return [self.stream_scope(stream), INDENT + call.source()]
 
     def header(self, graph: str, imports: list[str], composites: dict[str, str]) -> list[str]:
-        mode = "torchair graph mode" if self.mode == "torchair" else "eager torch_npu"
+        mode = f"torchair {self.graph_mode} graph mode" if self.mode == "torchair" else "eager torch_npu"
         lines = [f'"""NPU program for {graph} ({mode}), written by ascend_dsa against torch_npu {TORCH_NPU_VERSION} '
                  f"/ torchair {TORCHAIR_VERSION} signatures.",
                  "", "Not run on hardware: generated and contract-checked on a machine without torch_npu."]
@@ -143,15 +157,33 @@ class ScopeWriter:
         lines += ['"""', "import torch", "import torch_npu  # noqa: F401  (registers torch.npu and the npu_* ops)"]
         lines += ["import torchair"] if self.mode == "torchair" else []
         lines += [f"import {module}" for module in imports]
+        if self.captured:
+            lines += self.tagged_events(graph)
         if self.mode == "eager":
             streams = ", ".join(f"{s}: torch.npu.Stream()" for s in sorted(self.streams - {0}))
             lines += ["", f"STREAMS = {{0: torch.npu.current_stream(){', ' if streams else ''}{streams}}}",
                       f"EVENTS = {{{', '.join(f'{e}: torch.npu.Event()' for e in sorted(self.events))}}}"]
         return [*lines, "", ""]
 
+    def tagged_events(self, graph: str) -> list[str]:
+        """The module-level tagged events of reduce-overhead mode (a tag may be created once per process)."""
+        events = []
+        for event in sorted(self.events):
+            call = NpuCall("torchair.ops.npu_create_tagged_event", [], {"tag": Arg(f"TAG + '_{event}'", "expr")})
+            self.calls.append(call)
+            events.append(f"{event}: {call.source()}")
+        return ["import uuid", "", f"TAG = {graph!r} + '_' + uuid.uuid4().hex[:8]",
+                f"EVENTS = {{{', '.join(events)}}}"] if events else []
+
     def footer(self) -> list[str]:
         if self.mode != "torchair":
             return []
+        if self.captured:
+            config = NpuCall("torchair.CompilerConfig", [])
+            backend = NpuCall("torchair.get_npu_backend", [], {"compiler_config": Arg("config", "expr")})
+            self.calls += [config, backend]
+            return ["", "", f"config = {config.source()}", 'config.mode = "reduce-overhead"',
+                    f"forward = torch.compile(_forward, dynamic=False, backend={backend.source()})"]
         config = NpuCall("torchair.CompilerConfig", [])
         backend = NpuCall("torchair.get_npu_backend", [], {"compiler_config": Arg(config.source(), "expr")})
         self.calls += [config, backend]

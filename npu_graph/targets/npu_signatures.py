@@ -24,6 +24,7 @@ HALF = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _OP_PLUGIN = "https://gitcode.com/Ascend/op-plugin/blob/master/docs/context/"
 _TORCHAIR = "https://www.hiascend.com/document/detail/zh/Pytorch/730/modthirdparty/torchairuseguide/"
+_TORCHAIR_720 = "https://www.hiascend.com/document/detail/zh/Pytorch/720/modthirdparty/torchairuseguide/"
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,15 @@ _ENTRIES = (
                                            _kw("custom_decompositions", "dict")),
               _TORCHAIR + "torchair_00084.html", version=TORCHAIR_VERSION),
     Signature("torchair.CompilerConfig", (), _TORCHAIR + "torchair_00084.html (CompilerConfig() in its example)",
-              version=TORCHAIR_VERSION),
+              version=TORCHAIR_VERSION, notes="config.mode: 'max-autotune' (GE graph, default) or 'reduce-overhead' "
+              "(aclgraph capture and replay), " + _TORCHAIR + "torchair_00079.html"),
+    Signature("torchair.ops.npu_create_tagged_event", (_pos("tag", "str"),),
+              _TORCHAIR_720 + "torchair_00096.html", version=TORCHAIR_VERSION,
+              notes="reduce-overhead mode only; a tag may be created once per process"),
+    Signature("torchair.ops.npu_tagged_event_record", (_pos("event", "Event"),),
+              _TORCHAIR_720 + "torchair_00097.html", version=TORCHAIR_VERSION, notes="reduce-overhead mode only"),
+    Signature("torchair.ops.npu_tagged_event_wait", (_pos("event", "Event"),),
+              _TORCHAIR_720 + "torchair_00098.html", version=TORCHAIR_VERSION, notes="reduce-overhead mode only"),
     Signature("torch.npu.stream", (_pos("stream", "Stream"),), "torch_npu 7.3.0 torch.npu (mirrors torch.cuda.stream)",
               context_manager=True),
 )

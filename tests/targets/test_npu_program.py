@@ -117,3 +117,19 @@ def test_a_call_outside_the_table_fails_the_build():
                 torch.randn(1, 8, 4, dtype=torch.bfloat16))
     with pytest.raises(NpuContractError, match=r"sparse_count=4096 is outside \[1, 2048\]"):
         npu.build(gm, "bad")
+
+
+def test_reduce_overhead_form_uses_tagged_events_and_aclgraph_mode():
+    program = npu.build(annotated_graph(), "g", "reduce-overhead")
+    source = program.sources["torchair"]
+    compile(source, "npu_program_torchair", "exec")
+    assert 'config.mode = "reduce-overhead"' in source and "compiler_config=config" in source
+    assert "EVENTS = {0: torchair.ops.npu_create_tagged_event(tag=TAG + '_0')" in source
+    wait = "with torchair.scope.npu_stream_switch('1'):\n        torchair.ops.npu_tagged_event_wait(EVENTS[0])"
+    assert wait in source
+    assert "torchair.ops.npu_tagged_event_record(EVENTS[0])" in source
+    assert "npu_wait_tensor" not in source and "torchair.scope.super_kernel" not in source
+    assert set(check_source(source)) >= {"torchair.ops.npu_create_tagged_event", "torchair.ops.npu_tagged_event_wait",
+                                         "torchair.ops.npu_tagged_event_record", "torchair.get_npu_backend"}
+    assert program.sources["eager"] == npu.build(annotated_graph(), "g").sources["eager"]
+    assert npu.torchair_mode("reduce-overhead") == "reduce-overhead" and npu.torchair_mode("default") == "max-autotune"
