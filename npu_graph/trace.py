@@ -21,12 +21,12 @@ import npu_graph_torch_logs
 from npu_graph.dump import GraphDump, graph_text
 
 log = logging.getLogger("npu_graph")
+npu_graph_torch_logs.register()  # so set_logs(modules={"ascend_dsa": ...}) knows our names in any process
 
 
 @functools.cache
 def code_logger() -> logging.Logger:
-    """The `ascend_dsa_code` artifact logger (our TORCH_LOGS names are registered first)."""
-    npu_graph_torch_logs.register()
+    """The `ascend_dsa_code` artifact logger."""
     return torch._logging.getArtifactLogger("npu_graph.compiled", npu_graph_torch_logs.CODE)
 
 
