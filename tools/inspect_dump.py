@@ -49,6 +49,8 @@ def _graph_entry(index: int, path: str) -> dict[str, Any]:
 
 def find_graphs(dump_dir: str) -> list[dict[str, Any]]:
     """Every graph folder in a dump, in folder order (a graph folder itself is a one-graph dump)."""
+    if os.path.isfile(dump_dir):
+        raise DumpError(f"{dump_dir!r} is a file, not a dump folder; give the folder named by the dump_dir option")
     if not os.path.isdir(dump_dir):
         raise DumpError(f"no dump folder at {dump_dir!r} (compile with options={{'dump_dir': ...}} to write one)")
     root = os.path.abspath(dump_dir)
