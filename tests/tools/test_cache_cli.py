@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from npu_graph.cache_entry import Artifact
 from npu_graph.cache_key import versions
 from npu_graph.disk_cache import DiskCache
 from npu_graph.tools import cli
+from npu_graph.tools.units import format_size, parse_size
 
 
 @pytest.fixture(autouse=True)
@@ -188,3 +190,15 @@ def test_import_problems_are_messages_not_tracebacks(tmp_path, monkeypatch, own_
         (0, {"imported": 2, "already_present": 0, "refused": []})
     assert as_json("verify", "--dir", str(tmp_path / "d"))[1]["ok"] == 2
     assert as_json("import", str(tmp_path / "a.tgz"), "--dir", str(tmp_path / "e"), "--trust")[1]["imported"] == 2
+
+
+def test_ls_prints_sizes_as_prune_reads_them(tmp_path):
+    keys = fill(tmp_path / "c")
+    sizes = {row["key"]: row["size"] for row in as_json("ls", "--dir", str(tmp_path / "c"))[1]}
+    code, out, _ = run_cli("ls", "--dir", str(tmp_path / "c"))
+    assert code == 0
+    for key in keys:
+        line = next(line for line in out.splitlines() if key[:16] in line)
+        shown = format_size(sizes[key])
+        assert re.search(rf"│\s*{re.escape(shown)}\s*│", line) and shown[-1] in "BKMGT", line
+        assert abs(parse_size(shown) - sizes[key]) <= 0.05 * parse_size("1" + shown[-1])
