@@ -16,6 +16,8 @@ import sys
 import tempfile
 from typing import Any
 
+from npu_graph.tools import progress
+
 PROGRAM = r"""
 import json, sys, time, torch
 kind, model_name = sys.argv[1], sys.argv[2]
@@ -83,6 +85,10 @@ def measure_model(model: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     models = ["reference"] if args.quick else ["reference", "transformers_deepseek_v32"]
-    return {"suite": "cache", "rows": [measure_model(m) for m in models],
+    rows = []
+    for model in models:
+        with progress.step(f"{model}: first calls in fresh processes, cold and warm cache", "bench cache"):
+            rows.append(measure_model(model))
+    return {"suite": "cache", "rows": rows,
             "notes": ["every figure comes from a fresh process; share = first call - pass-through first call",
                       "backend_* is the time spent inside the ascend_dsa backend during the first call"]}

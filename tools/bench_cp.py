@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from npu_graph.models.hybrid import HybridConfig
 from npu_graph.parallel import zigzag_split
 from npu_graph.parallel.kda_split import correct_outputs, fold_states, run_slice
+from npu_graph.tools import progress
 from npu_graph.tools.timing import time_side_by_side
 
 CP_SIZES = (2, 4, 8)
@@ -107,8 +108,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = HybridConfig.named("ctx16k")
     seq = 4096 if args.quick else 16384
     repeat = args.repeat or (3 if args.quick else 5)
-    rows = causal_rows(seq, config)
-    rows += kda_rows(seq, config.kda_num_heads, config.kda_head_dim, 64, repeat)
+    with progress.step(f"causal work per rank at {seq} tokens", "bench cp"):
+        rows = causal_rows(seq, config)
+    with progress.step(f"KDA split at {seq} tokens", "bench cp"):
+        rows += kda_rows(seq, config.kda_num_heads, config.kda_head_dim, 64, repeat)
     return {"suite": "cp", "rows": rows,
             "notes": ["causal: max/mean of per-rank work (1.0 = balanced); zigzag target <= 1.01",
                       f"sizes from HybridConfig 'ctx16k' (index_topk={config.index_topk}, "

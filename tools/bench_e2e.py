@@ -16,6 +16,7 @@ import npu_graph
 from npu_graph.kernels import dispatch
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.tools import progress
 from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
 from npu_graph.tools.timing import time_side_by_side
 
@@ -124,14 +125,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeat = args.repeat or (3 if args.quick else 5)
     small = build_model("small")
     ids = torch.randint(0, small.config.vocab_size, (1, prefill_len), generator=torch.Generator().manual_seed(1))
-    rows = measure_case(f"prefill {prefill_len} (small)", small, ids, 0, repeat)
+    with progress.step(f"prefill {prefill_len} (small)", "bench e2e"):
+        rows = measure_case(f"prefill {prefill_len} (small)", small, ids, 0, repeat)
     torch._dynamo.reset()
     long = build_model("ctx16k")
     token = torch.randint(0, long.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(2))
-    rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1, repeat * DECODE_ROUNDS,
-                         warm_cache=lambda cache: cache.fill_synthetic_(decode_ctx - 1))
+    with progress.step(f"decode @ {decode_ctx} (ctx16k)", "bench e2e"):
+        rows += measure_case(f"decode @ {decode_ctx} (ctx16k)", long, token, decode_ctx - 1,
+                             repeat * DECODE_ROUNDS, warm_cache=lambda cache: cache.fill_synthetic_(decode_ctx - 1))
     torch._dynamo.reset()
-    rows += kimi_prefill_rows(512 if args.quick else 2048, repeat)
+    with progress.step(f"Kimi Linear prefill {512 if args.quick else 2048}", "bench e2e"):
+        rows += kimi_prefill_rows(512 if args.quick else 2048, repeat)
     return {"suite": "e2e", "rows": rows,
             "notes": ["speedups are ratios of medians measured alternately in this run",
                       "cold_compile_s = first call - steady-state median, Dynamo tracing included"]}

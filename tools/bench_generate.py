@@ -33,6 +33,7 @@ from torch._dynamo.utils import counters
 import npu_graph
 from npu_graph.kernels import dispatch
 from npu_graph.models.tiny_transformers import EXTRA, build_tiny
+from npu_graph.tools import progress
 from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa")
@@ -243,7 +244,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with busy_core(busy):
         for case in cases(args.quick):
-            rows += measure_generate(case, BACKENDS, repeat, busy)
+            with progress.step(f"{case.label}: generate() in {', '.join(BACKENDS)}", "bench generate"):
+                rows += measure_generate(case, BACKENDS, repeat, busy)
     torch._dynamo.reset()
     return {"suite": "generate", "busy": busy, "rows": rows,
             "notes": ["prefill_ms: the first forward of generate(); decode_tok_s: (new_tokens - 1) / (generate() end "

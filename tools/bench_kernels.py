@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from npu_graph.kernels import dispatch
-from npu_graph.tools import bench_kernels_dsa, bench_kernels_kda, bench_kernels_quant
+from npu_graph.tools import bench_kernels_dsa, bench_kernels_kda, bench_kernels_quant, progress
 from npu_graph.tools.timing import time_side_by_side
 
 SUITES = (bench_kernels_dsa, bench_kernels_kda, bench_kernels_quant)
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for suite in SUITES:
         for case in suite.cases():
-            rows.append(measure(case, repeat))
+            with progress.step(case["name"], "bench kernels"):
+                rows.append(measure(case, repeat))
     return {"suite": "kernels", "rows": rows,
             "notes": ["ratios are medians of candidates alternated round by round in this run",
                       "speedup_vs_X = X's median / ours; ours_vs_X = X's median / ours (both > 1: ours faster)"]}
