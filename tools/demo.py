@@ -1,11 +1,16 @@
 """`ascend-dsa demo`: compile the reference model on CPU, run prefill and greedy decode eagerly and
-compiled, and show what the compiler did (passes, node counts, fused ops, errors, latency, cache, dump)."""
+compiled, and show what the compiler did (passes, node counts, fused ops, errors, latency, cache, dump).
+
+The tables fit an 80-column terminal (and a pipe, which rich gives 80 columns): one pass and one fused op per
+line, never cut short.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,7 +23,10 @@ from rich.table import Table
 import npu_graph
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.report import GraphReport
+from npu_graph.tools import progress
 from npu_graph.tools.html_report import write_html_report
+
+PREFILL_ROUNDS = 3  # warm prefills of each model, alternated, for the compiled-vs-eager prefill time
 
 
 @dataclass
@@ -31,49 +39,100 @@ class Run:
     decode_s: list[float] = field(default_factory=list)
 
 
-def generate_side_by_side(models: dict[str, Any], ids: torch.Tensor, steps: int,
-                          caches: dict[str, Any]) -> dict[str, Run]:
+class SideBySide:
     """Prefill + greedy decode of every model in lockstep, each on its own cache and its own greedy tokens:
     each step runs all models one after the other, so machine noise shifts their latencies alike."""
-    runs = {name: Run() for name in models}
-    tokens = dict.fromkeys(models, ids)
-    with torch.no_grad():
-        for step in range(steps + 1):
-            for name, model in models.items():
-                start = time.perf_counter()
-                logits = model(tokens[name], caches[name])[:, -1]
-                elapsed = time.perf_counter() - start
-                run = runs[name]
-                if step == 0:
-                    run.prefill_s = elapsed
-                else:
-                    run.decode_s.append(elapsed)
-                run.logits.append(logits)
-                tokens[name] = logits.argmax(-1, keepdim=True)
-                run.tokens.append(int(tokens[name][0, 0]))
-    return runs
+
+    def __init__(self, models: dict[str, Any], ids: torch.Tensor, caches: dict[str, Any]) -> None:
+        self.models, self.caches = models, caches
+        self.runs = {name: Run() for name in models}
+        self.tokens = dict.fromkeys(models, ids)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One step of every model: the prefill first, then one decode step per call."""
+        for name, model in self.models.items():
+            start = time.perf_counter()
+            logits = model(self.tokens[name], self.caches[name])[:, -1]
+            elapsed = time.perf_counter() - start
+            run = self.runs[name]
+            if self.steps == 0:
+                run.prefill_s = elapsed
+            else:
+                run.decode_s.append(elapsed)
+            run.logits.append(logits)
+            self.tokens[name] = logits.argmax(-1, keepdim=True)
+            run.tokens.append(int(self.tokens[name][0, 0]))
+        self.steps += 1
 
 
-def _graphs_table(reports: list[GraphReport]) -> Table:
+@torch.no_grad()
+def warm_prefill_ms(models: dict[str, Any], new_cache: Any, ids: torch.Tensor,
+                    rounds: int = PREFILL_ROUNDS) -> dict[str, float]:
+    """Median prefill time of each (already compiled) model on fresh caches, models alternated per round."""
+    samples: dict[str, list[float]] = {name: [] for name in models}
+    names = list(models)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            cache = new_cache()
+            start = time.perf_counter()
+            models[name](ids, cache)
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def graphs_table(reports: list[GraphReport]) -> Table:
+    """One row per graph: what it is, the passes that changed it, its fused ops (one per line)."""
     table = Table(title="graphs compiled by ascend_dsa")
-    for column in ("graph", "nodes before → after", "passes that changed it", "fused ops", "cache", "compile ms"):
-        table.add_column(column)
+    table.add_column("graph", overflow="fold")
+    table.add_column("passes that changed it", no_wrap=True, overflow="fold")
+    table.add_column("fused ops", no_wrap=True, overflow="fold")
     for r in reports:
-        changed = ", ".join(p["name"] for p in r.passes if p["changed"]) or "-"
-        fused = ", ".join(f"{op}×{n}" for op, n in r.fused_ops.items()) or "-"
-        table.add_row(r.name, f"{r.nodes_before} → {r.nodes_after}", changed, fused,
-                      r.cache if r.cache == "hit" or not r.cache_reason else f"{r.cache}: {r.cache_reason}",
-                      f"{r.timings_ms.get('compile', 0):.0f}")
+        cache = r.cache if r.cache == "hit" or not r.cache_reason else f"{r.cache}: {r.cache_reason}"
+        about = "\n".join([r.name, f"{r.nodes_before} → {r.nodes_after} nodes", f"cache {cache}",
+                           f"compile {r.timings_ms.get('compile', 0):.0f} ms"])
+        changed = "\n".join(p["name"] for p in r.passes if p["changed"]) or "-"
+        fused = "\n".join(f"{op} ×{n}" for op, n in r.fused_ops.items()) or "-"
+        table.add_row(about, changed, fused, end_section=True)
     return table
 
 
-def _results(eager: Run, compiled: Run, reports: list[GraphReport], dump_dir: str) -> dict[str, Any]:
+def timing_table(results: dict[str, Any]) -> Table:
+    """Prefill and decode step, eager next to compiled, and the first (compiling) call."""
+    table = Table(title="eager vs ascend_dsa")
+    table.add_column("ms", overflow="fold")
+    for column in ("eager", "ascend_dsa", "speedup"):
+        table.add_column(column, justify="right")
+    for label, key in ((f"prefill (median of {PREFILL_ROUNDS})", "prefill_ms"),
+                       ("decode step (median)", "decode_ms")):
+        eager, compiled = results[f"eager_{key}"], results[f"compiled_{key}"]
+        table.add_row(label, f"{eager:.1f}", f"{compiled:.1f}", f"{eager / compiled:.2f}x")
+    table.add_row("first prefill (compiles)", f"{results['eager_first_prefill_ms']:.1f}",
+                  f"{results['compiled_first_prefill_ms']:.1f}", "")
+    return table
+
+
+def accuracy_table(results: dict[str, Any]) -> Table:
+    table = Table(title="compiled vs eager results")
+    table.add_column("measure", overflow="fold")
+    table.add_column("value", justify="right")
+    table.add_row("max |compiled − eager| logits, prefill", f"{results['max_abs_diff_prefill']:.2e}")
+    table.add_row("max |compiled − eager| logits, decode", f"{results['max_abs_diff_decode']:.2e}")
+    table.add_row("greedy tokens identical", str(results["greedy_tokens_equal"]))
+    return table
+
+
+def results_of(eager: Run, compiled: Run, prefill_ms: dict[str, float], reports: list[GraphReport],
+               dump_dir: str) -> dict[str, Any]:
     diffs = [(a - b).abs().max().item() for a, b in zip(eager.logits, compiled.logits)]
     return {
         "max_abs_diff_prefill": diffs[0],
         "max_abs_diff_decode": max(diffs[1:], default=0.0),
         "greedy_tokens_equal": eager.tokens == compiled.tokens,
-        "eager_prefill_ms": eager.prefill_s * 1e3,
+        "eager_prefill_ms": prefill_ms["eager"],
+        "compiled_prefill_ms": prefill_ms["compiled"],
+        "eager_first_prefill_ms": eager.prefill_s * 1e3,
         "compiled_first_prefill_ms": compiled.prefill_s * 1e3,
         "eager_decode_ms": statistics.median(eager.decode_s) * 1e3,
         "compiled_decode_ms": statistics.median(compiled.decode_s[1:] or compiled.decode_s) * 1e3,
@@ -82,40 +141,55 @@ def _results(eager: Run, compiled: Run, reports: list[GraphReport], dump_dir: st
     }
 
 
-def _print_results(console: Console, results: dict[str, Any], reports: list[GraphReport]) -> None:
-    console.print(_graphs_table(reports))
-    table = Table(title="compiled vs eager")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row("max |compiled − eager| logits, prefill", f"{results['max_abs_diff_prefill']:.2e}")
-    table.add_row("max |compiled − eager| logits, decode", f"{results['max_abs_diff_decode']:.2e}")
-    table.add_row("greedy tokens identical", str(results["greedy_tokens_equal"]))
-    table.add_row("prefill eager ms", f"{results['eager_prefill_ms']:.1f}")
-    table.add_row("decode step eager ms (median)", f"{results['eager_decode_ms']:.1f}")
-    table.add_row("decode step compiled ms (median)", f"{results['compiled_decode_ms']:.1f}")
-    console.print(table)
-    console.print(f"dump: {results['dump_dir']}")
-    console.print(f"HTML report: {results['html_report']}  (also: ascend-dsa inspect {results['dump_dir']})")
+def print_results(console: Console, results: dict[str, Any], reports: list[GraphReport]) -> None:
+    console.print(graphs_table(reports))
+    console.print(timing_table(results))
+    console.print(accuracy_table(results))
+    console.print(f"dump: {results['dump_dir']}", soft_wrap=True)
+    console.print(f"HTML report: {results['html_report']}  (also: ascend-dsa inspect {results['dump_dir']})",
+                  soft_wrap=True)
+
+
+def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor, steps: int) -> SideBySide:
+    runner = SideBySide(models, ids, {name: model.new_cache(1) for name in models})
+    with progress.step("prefill, eager then compiled (the first compiled call compiles the prefill graph)",
+                       "demo"):
+        runner.step()
+    with progress.step("first decode step (compiles the decode graph)", "demo"):
+        runner.step()
+    if steps > 1:
+        with progress.step(f"{steps - 1} more decode steps", "demo"):
+            for _ in range(steps - 1):
+                runner.step()
+    return runner
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    console = Console(stderr=args.json)
+    """Run `ascend-dsa demo`; 2 when the arguments name no model config or do not fit its context."""
+    try:
+        config = HybridConfig.named(args.config)
+    except ValueError as exc:
+        print(f"ascend-dsa demo: error: {exc} (--config)", file=sys.stderr)
+        return 2
+    if args.prompt_len + args.steps > config.max_context:
+        print(f"ascend-dsa demo: error: --prompt-len {args.prompt_len} + --steps {args.steps} exceeds the "
+              f"{args.config!r} model's context of {config.max_context} tokens; ask for fewer", file=sys.stderr)
+        return 2
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="ascend_dsa_demo_")
     torch.manual_seed(0)
-    model = HybridLM(HybridConfig.named(args.config)).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    model = HybridLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
     models = {"eager": model, "compiled": torch.compile(model, backend=backend)}
-    with console.status("running eager and compiled side by side (first calls compile the prefill and decode "
-                        "graphs) ..."):
-        runs = generate_side_by_side(models, ids, args.steps, {name: model.new_cache(1) for name in models})
-    eager, compiled = runs["eager"], runs["compiled"]
+    runner = _run_side_by_side(models, model, ids, args.steps)
+    with progress.step("prefill again, eager and compiled alternately (no compiling)", "demo"):
+        prefill_ms = warm_prefill_ms(models, lambda: model.new_cache(1), ids)
     reports = backend.reports[before:]
-    results = _results(eager, compiled, reports, dump_dir)
+    results = results_of(runner.runs["eager"], runner.runs["compiled"], prefill_ms, reports, dump_dir)
     results["html_report"] = write_html_report(dump_dir, os.path.join(dump_dir, "report.html"))
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:
-        _print_results(console, results, reports)
+        print_results(Console(), results, reports)
     return 0

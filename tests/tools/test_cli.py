@@ -23,6 +23,9 @@ def test_demo_tiny_json(tmp_path):
     assert result["max_abs_diff_prefill"] < 1e-4 and result["max_abs_diff_decode"] < 1e-4
     assert len(result["graphs"]) >= 2 and all(g["nodes_after"] <= g["nodes_before"] for g in result["graphs"])
     assert result["dump_dir"] == str(tmp_path) and list(tmp_path.glob("*/summary.json"))
+    assert result["compiled_prefill_ms"] > 0 and result["eager_prefill_ms"] > 0
+    assert result["compiled_first_prefill_ms"] > result["compiled_prefill_ms"], "the first call compiles"
+    assert "demo: first decode step (compiles the decode graph) ..." in p.stderr.splitlines()
     with open(result["html_report"]) as f:
         assert "<svg" in f.read()
 
