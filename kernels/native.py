@@ -182,7 +182,7 @@ def _load(name: str, level: str, extra_flags: str) -> Native:
             if why:
                 warnings.warn(f"ascend_dsa refused the native library {path}: {why}; rebuilding it",
                               NativeLibraryWarning, stacklevel=3)
-            with progress.status(f"building native kernel {name} ({level})"):
+            with progress.step(f"building native kernel {name} ({level})"):
                 failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
             if failure:
                 warnings.warn(f"ascend_dsa could not build its native kernel {name}; its op uses the torch path. "

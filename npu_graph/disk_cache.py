@@ -213,7 +213,7 @@ class DiskCache:
     def _wait_for_lock(self, fd: int, key: str) -> bool:
         """Poll the lock until it is ours (True) or `lock_timeout` passes (False, one warning naming the holder);
         a status line on stderr says whom this process waits for."""
-        with progress.status(f"waiting for process {_lock_holder(fd)}, which is compiling the same graph "
+        with progress.step(f"waiting for process {_lock_holder(fd)}, which is compiling the same graph "
                              f"(cache entry {key[:12]})"):
             deadline = time.monotonic() + self.lock_timeout
             while not _try_flock(fd):

@@ -1,15 +1,16 @@
-"""Progress for long work (native kernel builds, benchmark cases, the demo's compile, waits for a lock), shown
-on stderr so that a command's stdout (`--json`) stays clean.
+"""Progress of long work (native kernel builds, waits for another process's cache lock, benchmark cases, the
+demo's steps), on stderr so that a command's stdout (`--json`) stays clean.
 
-On a terminal `status` is a rich spinner line that disappears when the work ends; otherwise (a pipe, CI logs)
-it prints the message once as a plain line, so a log still says what the process was doing. Set
-ASCEND_DSA_PROGRESS=0 to silence it.
+On a terminal a step shows a rich spinner while it runs and leaves one line with its duration; anywhere else (a
+pipe, a log file, CI) it prints one plain line when it starts and one when it ends, so a log still says what the
+process was doing. A step that raises reports no "done" line (the error is the caller's to report).
+ASCEND_DSA_PROGRESS=0 silences it.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
+import time
 from collections.abc import Iterator
 
 ENV_SWITCH = "ASCEND_DSA_PROGRESS"
@@ -20,16 +21,21 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def status(message: str) -> Iterator[None]:
-    """Show `message` while the body runs (module docstring)."""
+def step(what: str, prefix: str = "ascend-dsa") -> Iterator[None]:
+    """Show that `what` is running (module docstring)."""
     if not enabled():
         yield
         return
-    if not sys.stderr.isatty():
-        print(f"ascend-dsa: {message}", file=sys.stderr, flush=True)
-        yield
-        return
-    from rich.console import Console
+    from rich.console import Console  # here, not at import: the kernels import this module
+    from rich.markup import escape
 
-    with Console(stderr=True).status(message):
+    out = Console(stderr=True, highlight=False)     # made per use, so a redirected stderr is honoured
+    label = f"{prefix}: {escape(what)}"
+    start = time.perf_counter()
+    if out.is_terminal:
+        with out.status(f"{label} ..."):
+            yield
+    else:
+        out.print(f"{label} ...", soft_wrap=True)
         yield
+    out.print(f"{label}: done in {time.perf_counter() - start:.1f} s", soft_wrap=True)

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 import npu_graph
+from npu_graph import progress
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.report import GraphReport
-from npu_graph.tools import progress
 from npu_graph.tools.html_report import write_html_report
 
 PREFILL_ROUNDS = 3  # warm prefills of each model, alternated, for the compiled-vs-eager prefill time

@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from npu_graph.tools import bench_kernels, cli, progress
+from npu_graph import progress
+from npu_graph.tools import bench_kernels, cli
 
 
 def test_step_writes_start_and_done_lines_to_stderr():
@@ -38,3 +39,11 @@ def test_bench_reports_each_case_and_keeps_json_clean(monkeypatch):
     assert [row["case"] for row in json.loads(out.getvalue())["rows"]] == ["rms_norm 4096", "rotary_mul 4096"]
     started = [line for line in err.getvalue().splitlines() if line.endswith(" ...")]
     assert started == ["bench kernels: rms_norm 4096 ...", "bench kernels: rotary_mul 4096 ..."]
+
+
+def test_progress_can_be_silenced(monkeypatch):
+    monkeypatch.setenv(progress.ENV_SWITCH, "0")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), progress.step("building native kernel x (avx2)"):
+        pass
+    assert err.getvalue() == ""
