@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,3 +136,16 @@ def _keep_going(settings: TrainSettings, step: int, elapsed: float, budget_s: fl
     if settings.max_steps is not None:
         return step < settings.max_steps
     return elapsed < budget_s
+
+
+def trained_model(config: str = "stdlib", seed: int = 0) -> HybridLM:
+    """The checkpoint `ascend-dsa train` keeps for `config` and `seed`, trained first (with progress, default
+    settings) when it is absent or cannot be loaded: what `demo` and `bench quant` run on."""
+    path = checkpoint.default_dir(config, seed)
+    try:
+        return HybridLM.from_pretrained(path)
+    except checkpoint.CheckpointError as e:
+        print(f"ascend-dsa: no usable trained checkpoint ({e}); training one now "
+              f"(~{TrainSettings.minutes:.0f} minutes, once per machine)", file=sys.stderr, flush=True)
+    train(TrainSettings(config=config, seed=seed), out=path)
+    return HybridLM.from_pretrained(path)
