@@ -1,4 +1,4 @@
-"""The `ascend-dsa` command line (also `python -m npu_graph`): demo, bench, inspect and cache.
+"""The `ascend-dsa` command line (also `python -m npu_graph`): demo, bench, train, inspect and cache.
 
 Building the parser imports neither torch nor the compiler (`ascend-dsa --help` answers at once); each
 command imports what it needs when it runs.
@@ -10,15 +10,9 @@ import logging
 import os
 import sys
 
-from npu_graph.tools import inspect_cli
+from npu_graph.tools import inspect_cli, train_cli
 from npu_graph.tools.cache_cli import add_cache_parser, run_cache_command
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
+from npu_graph.tools.units import positive_int
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--isa", default=None, metavar="LEVEL",
                        help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
                             "avx512_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
+    bench.add_argument("--random-weights", action="store_true",
+                       help="quant only: measure accuracy on the untrained model instead of the trained checkpoint")
+    train_cli.add_parser(sub)
     inspect_cli.add_parser(sub)
     add_cache_parser(sub)
     return parser
@@ -59,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "inspect":
         return inspect_cli.run_inspect(args)
+    if args.command == "train":
+        return train_cli.run_train(args)
     from npu_graph.tools.bench import run_bench
 
     return run_bench(args)

@@ -1,4 +1,5 @@
-"""Human sizes and ages for the command line: one spelling read (`--max-size 2G`) and written (`cache ls`)."""
+"""Numbers on the command line: human sizes and ages, one spelling read (`--max-size 2G`) and written
+(`cache ls`), and counts that must be at least 1."""
 from __future__ import annotations
 
 import argparse
@@ -32,3 +33,10 @@ def parse_age(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"age {text!r} is not like 30d, 12h, 90m or 45s")
     return float(match.group(1)) * AGE_UNITS[match.group(2)]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)

@@ -94,3 +94,18 @@ def test_aux_losses_only_in_training_mode():
     indexer = model.layers[0].mixer.indexer
     assert indexer.wk.weight.grad is not None and model.layers[0].mixer.q_a.weight.grad is None
     assert aux_losses(model.eval()) == {}
+
+
+def test_train_command_writes_a_checkpoint_and_json(tmp_path):
+    import contextlib
+    import io
+
+    from npu_graph.tools import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["train", "--steps", "1", "--out", str(tmp_path / "ck"), "--json"])
+    record = json.loads(out.getvalue())
+    assert code == 0 and record["steps"] == 1 and record["path"] == str(tmp_path / "ck")
+    assert {"heldout_bits_per_byte", "seconds", "corpus_digest"} <= set(record)
+    assert HybridLM.from_pretrained(record["path"]).config.vocab_size == 256
