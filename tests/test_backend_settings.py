@@ -78,17 +78,21 @@ def test_the_npu_program_runs_in_the_modes_torchair_graph_mode(mode, torchair_mo
 
 def test_mode_with_a_backend_object_compiles_under_that_mode():
     backend = get_backend({"streams": 2})
+    derived = get_backend({"streams": 2, "mode": "reduce-overhead"})
+    before = len(backend.reports), len(derived.reports)   # equal configs share one backend across tests
     model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.no_grad():
             torch.compile(model, backend=backend, mode="reduce-overhead")(x)
-    derived = get_backend({"streams": 2, "mode": "reduce-overhead"})
-    assert not backend.reports and derived.reports[-1].extra["runtime"]["mode"] == "reduce-overhead"
+    assert (len(backend.reports), len(derived.reports)) == (before[0], before[1] + 1)
+    assert derived.reports[-1].extra["runtime"]["mode"] == "reduce-overhead"
 
 
 def test_options_with_a_backend_object_are_merged_with_one_warning():
     backend = get_backend({"streams": 2})
+    merged = get_backend({"streams": 2, "superkernel": False})
+    before = len(backend.reports), len(merged.reports)    # equal configs share one backend across tests
     model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
     with pytest.warns(OptionsMergedWarning, match="superkernel"), torch.no_grad():
         torch.compile(model, backend=backend, options={"superkernel": False})(x)
@@ -97,8 +101,7 @@ def test_options_with_a_backend_object_are_merged_with_one_warning():
         warnings.simplefilter("error", OptionsMergedWarning)
         with torch.no_grad():
             torch.compile(model, backend=backend, options={"superkernel": False})(x)
-    merged = get_backend({"streams": 2, "superkernel": False})
-    assert not backend.reports and len(merged.reports) == 2
+    assert (len(backend.reports), len(merged.reports)) == (before[0], before[1] + 2)
 
 
 def test_bad_options_with_a_backend_object_raise_instead_of_falling_back():

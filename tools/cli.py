@@ -19,8 +19,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ascend-dsa", description="ascend_dsa torch.compile backend tools")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compile the reference model on CPU and show what the compiler did")
-    demo.add_argument("--config", default="small", help="reference model config (tiny, small, ctx16k)")
-    demo.add_argument("--prompt-len", type=positive_int, default=512, help="prefill length")
+    demo.add_argument("--config", default="stdlib", help="reference model config: stdlib (the trained "
+                      "checkpoint, with text), tiny, small, ctx16k (random weights)")
+    demo.add_argument("--random-weights", action="store_true", help="run --config stdlib untrained")
+    demo.add_argument("--prompt-len", type=positive_int, default=None,
+                      help="prefill length (default: half the model's context, at most 512)")
     demo.add_argument("--steps", type=positive_int, default=16, help="decode steps")
     demo.add_argument("--dump-dir", default=None, help="dump folder (default: a new temporary folder)")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -1,6 +1,11 @@
 """`ascend-dsa demo`: compile the reference model on CPU, run prefill and greedy decode eagerly and
 compiled, and show what the compiler did (passes, node counts, fused ops, errors, latency, cache, dump).
 
+By default the model is the trained checkpoint (`--config stdlib`; a one-minute one is trained first when
+`ascend-dsa train` has not made one), prompted with held-out text, and the demo also shows its continuations
+eager vs compiled vs quant="dsa" (tools/demo_text.py); other configs and `--random-weights` run a seeded random
+model on a random prompt.
+
 The tables fit an 80-column terminal (and a pipe, which rich gives 80 columns): one pass and one fused op per
 line, never cut short.
 """
@@ -24,9 +29,13 @@ import npu_graph
 from npu_graph import progress
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.report import GraphReport
+from npu_graph.tools import demo_text, trained_accuracy
 from npu_graph.tools.html_report import write_html_report
+from npu_graph.training.loop import trained_model
 
 PREFILL_ROUNDS = 3  # warm prefills of each model, alternated, for the compiled-vs-eager prefill time
+TRAINED_CONFIG = "stdlib"   # the config the demo runs as a trained checkpoint (npu_graph.training)
+TEXT_PROMPTS, TEXT_STEPS = 3, 48
 
 
 @dataclass
@@ -164,32 +173,57 @@ def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor
     return runner
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Run `ascend-dsa demo`; 2 when the arguments name no model config or do not fit its context."""
+def _model_and_prompts(args: argparse.Namespace, config: HybridConfig) -> tuple[HybridLM, torch.Tensor]:
+    """The trained checkpoint and held-out prompts [TEXT_PROMPTS, L] (config stdlib), else a seeded random model
+    and one random prompt."""
+    if args.config == TRAINED_CONFIG and not args.random_weights:
+        _, prompts = trained_accuracy.heldout_data(windows=1, prompts=TEXT_PROMPTS)
+        return trained_model(TRAINED_CONFIG, quick=True), prompts[:, -args.prompt_len:]
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    return HybridLM(config).eval(), ids
+
+
+def _config_or_error(args: argparse.Namespace) -> HybridConfig | None:
     try:
         config = HybridConfig.named(args.config)
     except ValueError as exc:
         print(f"ascend-dsa demo: error: {exc} (--config)", file=sys.stderr)
-        return 2
+        return None
+    args.prompt_len = args.prompt_len or min(512, config.max_context // 2)
     if args.prompt_len + args.steps > config.max_context:
         print(f"ascend-dsa demo: error: --prompt-len {args.prompt_len} + --steps {args.steps} exceeds the "
               f"{args.config!r} model's context of {config.max_context} tokens; ask for fewer", file=sys.stderr)
+        return None
+    return config
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run `ascend-dsa demo`; 2 when the arguments name no model config or do not fit its context."""
+    config = _config_or_error(args)
+    if config is None:
         return 2
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="ascend_dsa_demo_")
-    torch.manual_seed(0)
-    model = HybridLM(config).eval()
-    ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    model, prompts = _model_and_prompts(args, config)
+    ids = prompts[:1]
     backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
     models = {"eager": model, "compiled": torch.compile(model, backend=backend)}
     runner = _run_side_by_side(models, model, ids, args.steps)
     with progress.step("prefill again, eager and compiled alternately (no compiling)", "demo"):
         prefill_ms = warm_prefill_ms(models, lambda: model.new_cache(1), ids)
+    texts = None
+    if prompts.shape[0] > 1:
+        with progress.step("held-out prompts continued: eager, compiled, compiled with quant='dsa'", "demo"):
+            texts = demo_text.continuations(model, prompts, TEXT_STEPS, models["compiled"])
     reports = backend.reports[before:]
     results = results_of(runner.runs["eager"], runner.runs["compiled"], prefill_ms, reports, dump_dir)
     results["html_report"] = write_html_report(dump_dir, os.path.join(dump_dir, "report.html"))
+    results["text"] = demo_text.text_results(prompts, texts) if texts else None
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:
         print_results(Console(), results, reports)
+        if texts:
+            Console().print(demo_text.text_table(prompts, texts))
     return 0

@@ -31,6 +31,7 @@ from npu_graph.training import checkpoint, corpus, curve
 from npu_graph.training.progress import StepReporter
 
 LN2 = math.log(2.0)
+QUICK_MINUTES = 1.0     # the demo's own checkpoint when `ascend-dsa train` has not made one
 
 
 @dataclass
@@ -138,14 +139,20 @@ def _keep_going(settings: TrainSettings, step: int, elapsed: float, budget_s: fl
     return elapsed < budget_s
 
 
-def trained_model(config: str = "stdlib", seed: int = 0) -> HybridLM:
+def trained_model(config: str = "stdlib", seed: int = 0, quick: bool = False) -> HybridLM:
     """The checkpoint `ascend-dsa train` keeps for `config` and `seed`, trained first (with progress, default
-    settings) when it is absent or cannot be loaded: what `demo` and `bench quant` run on."""
-    path = checkpoint.default_dir(config, seed)
-    try:
-        return HybridLM.from_pretrained(path)
-    except checkpoint.CheckpointError as e:
-        print(f"ascend-dsa: no usable trained checkpoint ({e}); training one now "
-              f"(~{TrainSettings.minutes:.0f} minutes, once per machine)", file=sys.stderr, flush=True)
-    train(TrainSettings(config=config, seed=seed), out=path)
-    return HybridLM.from_pretrained(path)
+    settings) when it is absent or cannot be loaded: what `bench quant` runs on. With `quick` (the demo, which
+    must answer within minutes on a fresh machine), that checkpoint if it exists, else a QUICK_MINUTES one
+    kept beside it."""
+    full = checkpoint.default_dir(config, seed)
+    paths = [full, full.with_name(full.name + "-quick")] if quick else [full]
+    for path in paths:
+        try:
+            return HybridLM.from_pretrained(path)
+        except checkpoint.CheckpointError as e:
+            reason = e
+    minutes = QUICK_MINUTES if quick else TrainSettings.minutes
+    print(f"ascend-dsa: no usable trained checkpoint ({reason}); training one now ({minutes:g} minutes, once per "
+          f"machine{'; `ascend-dsa train` makes the full one' if quick else ''})", file=sys.stderr, flush=True)
+    train(TrainSettings(config=config, seed=seed, minutes=minutes), out=paths[-1])
+    return HybridLM.from_pretrained(paths[-1])

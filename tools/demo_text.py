@@ -1,0 +1,46 @@
+"""The demo's text: the trained checkpoint continuing held-out prompts greedily, eager vs compiled vs compiled
+with quant="dsa" (FP8 cache), shown as text so a person can judge what the compiler and the quantization keep."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.table import Table
+
+from npu_graph.models.hybrid import HybridLM, generate_greedy
+from npu_graph.tools.trained_accuracy import as_text
+
+PROMPT_TAIL = 40        # characters of each prompt shown before its continuation
+
+
+def continuations(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: Any) -> dict[str, torch.Tensor]:
+    """Greedy continuations [P, steps] of `prompts` [P, L] by the eager model, `compiled` (the demo's compiled
+    model) and the model compiled with quant="dsa" on an FP8 cache."""
+    quantized = torch.compile(model, backend="ascend_dsa", options={"quant": "dsa", "cache": False})
+    runs = {"eager": (model, torch.float32), "ascend_dsa": (compiled, torch.float32),
+            "ascend_dsa quant=dsa": (quantized, torch.float8_e4m3fn)}
+    return {name: generate_greedy(fn, prompts, steps, model.new_cache(prompts.shape[0], kv_dtype=kv_dtype))
+            for name, (fn, kv_dtype) in runs.items()}
+
+
+def _shown(text: str) -> str:
+    return text.replace("\n", "⏎").replace("\t", "⇥")
+
+
+def text_table(prompts: torch.Tensor, outputs: dict[str, torch.Tensor]) -> Table:
+    """One section per prompt: its last characters, then each run's continuation (⏎ marks a newline)."""
+    table = Table(title="held-out prompts continued greedily (⏎ = newline)")
+    table.add_column("run", no_wrap=True)
+    table.add_column("text", overflow="fold")
+    for i, prompt in enumerate(prompts):
+        table.add_row("prompt …", _shown(as_text(prompt)[-PROMPT_TAIL:]))
+        for name, tokens in outputs.items():
+            same = "" if name == "eager" or torch.equal(tokens[i], outputs["eager"][i]) else " (differs)"
+            table.add_row(f"{name}{same}", _shown(as_text(tokens[i])), end_section=name == list(outputs)[-1])
+    return table
+
+
+def text_results(prompts: torch.Tensor, outputs: dict[str, torch.Tensor]) -> list[dict[str, str]]:
+    """The same for --json: prompt and continuation texts per run."""
+    return [{"prompt": as_text(p), **{name: as_text(tokens[i]) for name, tokens in outputs.items()}}
+            for i, p in enumerate(prompts)]
