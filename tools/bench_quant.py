@@ -75,18 +75,17 @@ def decode_row(model: HybridLM, repeat: int) -> dict[str, Any]:
 
 def accuracy_rows(model: HybridLM, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """quant="dsa" and each ablation against quant="none" on held-out text (tools.trained_accuracy)."""
-    windows, prompts = trained_accuracy.heldout_data(4 if quick else trained_accuracy.WINDOWS,
-                                                     4 if quick else trained_accuracy.PROMPTS)
+    windows = trained_accuracy.heldout_data(4 if quick else trained_accuracy.WINDOWS)
     steps = 16 if quick else trained_accuracy.CONTINUATION
-    reference = trained_accuracy.run_policy(model, windows, prompts, {"quant": "none"}, torch.float32, steps)
-    dsa = trained_accuracy.run_policy(model, windows, prompts, {"quant": "dsa"}, torch.float8_e4m3fn, steps)
+    reference = trained_accuracy.run_policy(model, windows, {"quant": "none"}, torch.float32, steps)
+    dsa = trained_accuracy.run_policy(model, windows, {"quant": "dsa"}, torch.float8_e4m3fn, steps)
     accuracy = trained_accuracy.compare(reference, dsa, windows[:, 1:])
-    accuracy["examples"] = [{"prompt": trained_accuracy.as_text(p[-48:]),
+    accuracy["examples"] = [{"prompt": trained_accuracy.as_text(w[-49:-1]),
                              "none": trained_accuracy.as_text(a), "dsa": trained_accuracy.as_text(b)}
-                            for p, a, b in zip(prompts[:3], reference.continuations, dsa.continuations)]
+                            for w, a, b in zip(windows[:3], reference.continuations, dsa.continuations)]
     rows = [{"case": "accuracy dsa vs none", **{k: v for k, v in accuracy.items() if k != "examples"}}]
     for name, (options, kv_dtype) in ABLATIONS.items():
-        run = trained_accuracy.run_policy(model, windows, prompts, options, kv_dtype, steps)
+        run = trained_accuracy.run_policy(model, windows, options, kv_dtype, steps)
         rows.append({"case": f"accuracy ablation: {name}", **trained_accuracy.compare(reference, run, windows[:, 1:])})
     return accuracy, rows
 

@@ -177,7 +177,7 @@ def _model_and_prompts(args: argparse.Namespace, config: HybridConfig) -> tuple[
     """The trained checkpoint and held-out prompts [TEXT_PROMPTS, L] (config stdlib), else a seeded random model
     and one random prompt."""
     if args.config == TRAINED_CONFIG and not args.random_weights:
-        _, prompts = trained_accuracy.heldout_data(windows=1, prompts=TEXT_PROMPTS)
+        prompts = trained_accuracy.heldout_data(TEXT_PROMPTS)[:, :-1]
         return trained_model(TRAINED_CONFIG, quick=True), prompts[:, -args.prompt_len:]
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
