@@ -30,6 +30,7 @@ def test_demo_tiny_json(tmp_path):
         assert "<svg" in f.read()
 
 
+@pytest.mark.slow   # ~2 min: two demo runs, the second compiling again for its dump (a hit with dump_dir)
 def test_demo_table_mentions_dump_graphs_and_cache_hits(tmp_path):
     args = ["demo", "--config", "tiny", "--prompt-len", "24", "--steps", "2"]
     env = {"ASCEND_DSA_CACHE_DIR": str(tmp_path / "cache")}
