@@ -205,7 +205,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="ascend_dsa_demo_")
     model, prompts = _model_and_prompts(args, config)
-    ids = prompts[:1]
+    ids = prompts[:1].clone()     # a tensor of its own, as each continuation's prompt is (demo_text)
     backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
     models = {"eager": model, "compiled": torch.compile(model, backend=backend)}

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from rich.table import Table
 
+from npu_graph import progress
 from npu_graph.models.hybrid import HybridLM, generate_greedy
 from npu_graph.tools.trained_accuracy import as_text
 
@@ -19,8 +20,14 @@ def continuations(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: 
     quantized = torch.compile(model, backend="ascend_dsa", options={"quant": "dsa", "cache": False})
     runs = {"eager": (model, torch.float32), "ascend_dsa": (compiled, torch.float32),
             "ascend_dsa quant=dsa": (quantized, torch.float8_e4m3fn)}
-    return {name: generate_greedy(fn, prompts, steps, model.new_cache(prompts.shape[0], kv_dtype=kv_dtype))
-            for name, (fn, kv_dtype) in runs.items()}
+    outputs = {}
+    for name, (fn, kv_dtype) in runs.items():
+        # one prompt at a time, each a tensor of its own: the demo's graphs were compiled for one sequence, and
+        # a batch (or a row view, whose storage offset Dynamo guards on) would compile new graphs for each run
+        with progress.step(f"{name}: {prompts.shape[0]} prompts, {steps} bytes each", "demo"):
+            outputs[name] = torch.cat([generate_greedy(fn, prompt[None].clone(), steps,
+                                                       model.new_cache(1, kv_dtype=kv_dtype)) for prompt in prompts])
+    return outputs
 
 
 def _shown(text: str) -> str:
