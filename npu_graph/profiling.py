@@ -15,11 +15,6 @@ from typing import Any
 from torch.autograd import profiler as autograd_profiler
 
 
-def profiler_active() -> bool:
-    """Whether a torch.profiler / autograd profiler is recording in this process (a plain flag read)."""
-    return autograd_profiler._is_profiler_enabled
-
-
 def traced(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn inside a profiler scope named `label`."""
     def call(*args: Any, **kwargs: Any) -> Any:
