@@ -1,4 +1,4 @@
-"""Context parallelism beyond one card (CP×TP on torch.distributed: gloo on CPU, HCCL on Ascend).
+"""Context and expert parallelism beyond one card (CP×TP and EP on torch.distributed: gloo on CPU, HCCL on Ascend).
 
 - zigzag.py: the balanced causal layout (rank r holds chunks r and 2·cp − 1 − r of 2·cp).
 - groups.py: CP×TP process groups (TP inner, splits heads; CP splits the sequence).
@@ -6,6 +6,9 @@
 - cp_indexer.py, cp_attention.py: the DSA lightning indexer and sparse attention on zigzag slices.
 - cp_dsa.py: prefill of the reference model's DSA layer under CP×TP.
 - kda_split.py: KDA over contiguous slices, exact output correction from one all-gather of transitions.
+- ep_dispatch.py: `ascend_dsa::moe_dispatch` / `moe_combine`, MoE expert parallelism on all_to_all (MC2 pair).
+- ep_quant.py: dynamic per-token int8 quantization of dispatched rows.
+- ep_layer.py, ep_shard.py: expert-parallel MoE modules and `shard_experts(model, ep_group)`.
 - launch.py: spawn a run of ranks with a timeout; a failing or dying rank fails it with a clear error.
 - rank_process.py: one launched rank: its process in a session of its own (killed with all it started).
 """
@@ -13,6 +16,8 @@ from npu_graph.parallel.cp_attention import cp_sparse_attention
 from npu_graph.parallel.cp_dsa import cp_dsa_prefill
 from npu_graph.parallel.cp_gather import gather_parts, gather_zigzag, zigzag_chunks
 from npu_graph.parallel.cp_indexer import cp_lightning_indexer
+from npu_graph.parallel.ep_dispatch import moe_combine, moe_dispatch
+from npu_graph.parallel.ep_shard import EPLayer, shard_experts
 from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp
 from npu_graph.parallel.kda_split import kda_split
 from npu_graph.parallel.launch import DistributedLaunchError, default_backend, launch
@@ -20,6 +25,7 @@ from npu_graph.parallel.zigzag import zigzag_restore, zigzag_split
 
 __all__ = [
     "DistributedLaunchError",
+    "EPLayer",
     "ParallelGroups",
     "cp_dsa_prefill",
     "cp_lightning_indexer",
@@ -31,6 +37,9 @@ __all__ = [
     "init_cp_tp",
     "kda_split",
     "launch",
+    "moe_combine",
+    "moe_dispatch",
+    "shard_experts",
     "zigzag_chunks",
     "zigzag_restore",
     "zigzag_split",

@@ -1,0 +1,75 @@
+"""Expert-parallel MoE modules: the local experts of one rank, run as dispatch -> local fused_moe -> combine.
+
+`EPExperts` stands in for a stacked experts module (transformers' `*Experts`: `forward(hidden_states,
+top_k_index, top_k_weights)`, SwiGLU weights `gate_up_proj` [E,2I,H] and `down_proj` [E,H,I]) holding only
+this rank's contiguous block of experts. `EPDeepSeekMoE` replaces the reference model's `DeepSeekMoE`: the same
+router and shared expert (replicated), its routed experts an `EPExperts`. Under torch.compile the three
+collectives-backed steps stay ops of the graph (`ascend_dsa::moe_dispatch`, `fused_moe`, `moe_combine`); the
+received row count is a data-dependent size.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import npu_graph.kernels  # noqa: F401  (registers ascend_dsa::fused_moe)
+from npu_graph.models.moe import DeepSeekMoE
+from npu_graph.parallel import ep_dispatch  # noqa: F401  (registers moe_dispatch / moe_combine)
+from npu_graph.parallel.ep_quant import dequantize_rows
+
+
+class EPExperts(nn.Module):
+    """This rank's experts [ep_rank·L, (ep_rank+1)·L) of `num_experts`, L = num_experts / EP size."""
+
+    def __init__(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, num_experts: int,
+                 group: dist.ProcessGroup, quant_mode: int = 0) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(gate_up_proj, requires_grad=False)
+        self.down_proj = nn.Parameter(down_proj, requires_grad=False)
+        self.num_experts = num_experts
+        self.group_name = group.group_name
+        self.ep_world_size = dist.get_world_size(group)
+        self.ep_rank = dist.get_rank(group)
+        self.quant_mode = quant_mode
+
+    @property
+    def local_experts(self) -> range:
+        """Global ids of the experts held here."""
+        local = self.gate_up_proj.shape[0]
+        return range(self.ep_rank * local, (self.ep_rank + 1) * local)
+
+    def extra_repr(self) -> str:
+        return (f"experts {self.local_experts.start}..{self.local_experts.stop - 1} of {self.num_experts}, "
+                f"ep rank {self.ep_rank}/{self.ep_world_size}, quant_mode={self.quant_mode}")
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        ops = torch.ops.ascend_dsa
+        expand_x, scales, expand_idx, token_nums, recv_counts = ops.moe_dispatch(
+            hidden_states, top_k_index, self.group_name, self.ep_world_size, self.ep_rank, self.num_experts,
+            quant_mode=self.quant_mode)
+        if self.quant_mode == 2:
+            expand_x = dequantize_rows(expand_x, scales, hidden_states.dtype)
+        rows = expand_x.shape[0]
+        local_ids = torch.repeat_interleave(torch.arange(self.gate_up_proj.shape[0], device=expand_x.device),
+                                            token_nums, output_size=rows)
+        ones = torch.ones(rows, 1, dtype=torch.float32, device=expand_x.device)
+        out = ops.fused_moe(expand_x, self.gate_up_proj, self.down_proj, ones, local_ids.unsqueeze(1))
+        return ops.moe_combine(out, top_k_index, expand_idx, recv_counts, top_k_weights, self.group_name,
+                               self.ep_world_size, self.ep_rank, self.num_experts)
+
+
+class EPDeepSeekMoE(nn.Module):
+    """The reference model's DeepSeekMoE with its routed experts spread over an EP group."""
+
+    def __init__(self, block: DeepSeekMoE, experts: EPExperts) -> None:
+        super().__init__()
+        self.gate = block.gate
+        self.shared_experts = block.shared_experts
+        self.experts = experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        topk_weights, topk_ids = self.gate(tokens)
+        return (self.experts(tokens, topk_ids, topk_weights) + self.shared_experts(tokens)).view_as(x)

@@ -1,0 +1,132 @@
+"""`shard_experts(model, ep_group)`: keep only this rank's routed experts in every MoE block of a model.
+
+Recognised blocks: the reference model's `DeepSeekMoE` (npu_graph.models.moe), replaced by `EPDeepSeekMoE`,
+and transformers' stacked SwiGLU experts (`gate_up_proj` [E,2I,H], `down_proj` [E,H,I], SiLU; the `experts`
+of Qwen3-MoE, DeepSeek-V3.2 and Kimi Linear MoE blocks), replaced by `EPExperts`. Routers and shared experts
+stay as they are (replicated). Rank r of an EP group of W keeps experts [r·E/W, (r+1)·E/W).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from npu_graph.models.moe import DeepSeekMoE
+from npu_graph.parallel.ep_layer import EPDeepSeekMoE, EPExperts
+
+
+@dataclass(frozen=True)
+class EPLayer:
+    """One MoE block made expert-parallel: where it is and which experts this rank kept."""
+    name: str
+    num_experts: int
+    local_experts: range
+    ep_world_size: int
+
+
+def _as_group(ep_group: object) -> dist.ProcessGroup:
+    """A ProcessGroup from a ProcessGroup or a one-dimensional DeviceMesh."""
+    if not dist.is_initialized():
+        raise RuntimeError("shard_experts: torch.distributed is not initialized; call init_process_group first "
+                           "(or run under npu_graph.parallel.launch)")
+    if hasattr(ep_group, "get_group") and hasattr(ep_group, "ndim"):
+        if ep_group.ndim != 1:
+            raise ValueError(f"shard_experts: pass one dimension of the DeviceMesh (mesh['ep']), not a "
+                             f"{ep_group.ndim}-D mesh")
+        ep_group = ep_group.get_group()
+    if not isinstance(ep_group, dist.ProcessGroup):
+        raise TypeError(f"shard_experts: ep_group must be a torch.distributed ProcessGroup or a 1-D DeviceMesh, "
+                        f"got {type(ep_group).__name__}")
+    if dist.get_rank(ep_group) < 0:
+        raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
+                         f"EP group {ep_group.group_name!r}; call shard_experts with a group that contains it")
+    return ep_group
+
+
+def _is_stacked_experts(module: nn.Module) -> bool:
+    up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return isinstance(up, torch.Tensor) and isinstance(down, torch.Tensor) and up.dim() == 3 and down.dim() == 3
+
+
+def _check_stacked(name: str, module: nn.Module) -> None:
+    experts, inter2, hidden = module.gate_up_proj.shape
+    if tuple(module.down_proj.shape) != (experts, hidden, inter2 // 2) or inter2 % 2:
+        raise ValueError(f"shard_experts: {name} has gate_up_proj {tuple(module.gate_up_proj.shape)} and "
+                         f"down_proj {tuple(module.down_proj.shape)}; only [E,2I,H] and [E,H,I] are supported")
+    act = getattr(module, "act_fn", None)
+    silu = isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    if getattr(module, "has_bias", False) or not silu:
+        raise ValueError(f"shard_experts: {name} is not a bias-free SiLU (SwiGLU) experts module; expert "
+                         f"parallelism supports only those")
+
+
+def _block(full: int, world: int, rank: int, name: str) -> slice:
+    if full % world:
+        raise ValueError(f"shard_experts: {name} has {full} routed experts, which do not split evenly over "
+                         f"an EP group of {world} ranks; use an EP size that divides {full}")
+    local = full // world
+    return slice(rank * local, (rank + 1) * local)
+
+
+def _shard_stacked(name: str, module: nn.Module, group: dist.ProcessGroup, quant_mode: int) -> EPExperts:
+    _check_stacked(name, module)
+    full = module.gate_up_proj.shape[0]
+    part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
+    return EPExperts(module.gate_up_proj.detach()[part].clone(), module.down_proj.detach()[part].clone(), full,
+                     group, quant_mode)
+
+
+def _shard_reference(name: str, block: DeepSeekMoE, group: dist.ProcessGroup, quant_mode: int) -> EPDeepSeekMoE:
+    full = len(block.experts)
+    part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
+    kept = list(block.experts)[part]
+    w13 = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in kept]).detach()
+    w2 = torch.stack([e.down_proj.weight for e in kept]).detach()
+    return EPDeepSeekMoE(block, EPExperts(w13, w2, full, group, quant_mode))
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+
+
+def _check_agreement(group: dist.ProcessGroup, layers: list[EPLayer]) -> None:
+    """Every rank of the group must shard the same blocks with the same expert counts."""
+    mine = [(layer.name, layer.num_experts) for layer in layers]
+    every: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    for rank, theirs in enumerate(every):
+        if theirs != mine:
+            raise ValueError(f"shard_experts: EP rank {rank} shards MoE blocks {theirs} but this rank "
+                             f"({dist.get_rank(group)}) shards {mine}: every rank of the EP group must pass the "
+                             f"same model and the same group")
+
+
+def shard_experts(model: nn.Module, ep_group: object, *, quant_mode: int = 0) -> list[EPLayer]:
+    """Replace every MoE block's routed experts by this rank's share (in place; call on every rank of
+    `ep_group`, a ProcessGroup or a 1-D DeviceMesh). quant_mode=2 sends dispatched rows as int8 with per-row
+    scales. Returns the blocks made expert-parallel; raises ValueError when there are none."""
+    group = _as_group(ep_group)
+    if quant_mode not in (0, 2):
+        raise ValueError(f"shard_experts: quant_mode={quant_mode} is not supported; use 0 (none) or 2 (dynamic "
+                         f"per-token int8)")
+    layers = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, (EPExperts, EPDeepSeekMoE)):
+            raise ValueError(f"shard_experts: {name} is already expert-parallel; shard a fresh model")
+        if isinstance(module, DeepSeekMoE):
+            new = _shard_reference(name, module, group, quant_mode)
+            ep = new.experts
+        elif _is_stacked_experts(module):
+            new = ep = _shard_stacked(name, module, group, quant_mode)
+        else:
+            continue
+        _replace(model, name, new)
+        layers.append(EPLayer(name, ep.num_experts, ep.local_experts, ep.ep_world_size))
+    if not layers:
+        raise ValueError(f"shard_experts: {type(model).__name__} has no MoE block this function knows "
+                         f"(npu_graph DeepSeekMoE, or transformers' stacked SwiGLU experts)")
+    _check_agreement(group, layers)
+    return layers
