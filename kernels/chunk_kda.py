@@ -35,6 +35,11 @@ definition agree (inputs that are not all finite take the step recurrence instea
 library, sequences of at most RECURRENT_MAX_T steps (decode) run the recurrence step by step in torch instead
 (fla's fused_recurrent_kda).
 
+`ascend_dsa::chunk_kda_states` (inference only) is chunk_kda that also returns the state after each of the first
+`num_states` steps, `[B, n, H, K, V]` fp32, computed in the same pass (speculative decoding keeps them as
+checkpoints and rolls back by picking one): the native recurrence writes them as it goes, the torch path runs
+the step recurrence. Checkpoint t is bitwise the final state of the same path over the first t + 1 steps.
+
 `kda_transition` exposes the affine map of a whole segment, used to fold states across ranks when a
 sequence is split: final_state(S0) = A @ S0 + final_state(0).
 """
@@ -249,9 +254,11 @@ def _scan(intra: _Intra, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     scale: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, state: torch.Tensor, states: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """A few steps (decode) one at a time on all heads at once, in fp32: q, k, g [B,T,H,K], v [B,T,H,V],
-    beta [B,T,H], state [B*H, K, V] (updated in place). Returns o [B,T,H,V] fp32 and the state."""
+    beta [B,T,H], state [B*H, K, V] (updated in place). Returns o [B,T,H,V] fp32 and the state; `states`
+    [B, n, H, K, V] (optional) receives the state after each of the first n steps."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
     steps = torch.empty(t_len, b * h, 1, dv, dtype=torch.float32)
@@ -262,6 +269,8 @@ def _recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         delta.mul_(beta[:, t].float().reshape(b * h, 1, 1))
         state.baddbmm_(k_t.transpose(1, 2), delta)
         torch.bmm(q[:, t].float().reshape(b * h, 1, dk) * scale, state, out=steps[t])
+        if states is not None and t < states.shape[1]:
+            states[:, t].copy_(state.view(b, h, dk, dv))
     return steps.view(t_len, b, h, dv).transpose(0, 1).contiguous(), state
 
 
@@ -299,7 +308,9 @@ def _all_finite(*tensors: torch.Tensor) -> bool:
 
 def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
-                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk_size: int, states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's CPU work; `states` (fp32 contiguous [B, n, H, K, V], n <= T, optional) receives the state after
+    each of the first n steps, written by the native recurrence or the torch step loop in the same pass."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
@@ -312,9 +323,9 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
             else own_state.new_empty(0)
     native_fn = chunk_kda_native.kernel()
     if native_fn is not None:        # both update the state in place: never the caller's
-        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g.exp(), beta, scale, own_state)
-    elif t_len <= RECURRENT_MAX_T or not _all_finite(q, k, v, g, beta, state):
-        o, final = _recurrent_steps(q, k, v, g, beta, scale, own_state)
+        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g.exp(), beta, scale, own_state, states)
+    elif states is not None or t_len <= RECURRENT_MAX_T or not _all_finite(q, k, v, g, beta, state):
+        o, final = _recurrent_steps(q, k, v, g, beta, scale, own_state, states)
     else:
         o, final = _chunked(q, k, v, g, beta, scale, state, chunk_size)
     final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)
@@ -357,6 +368,41 @@ def _chunk_kda_fake(q, k, v, g, beta, scale=None, initial_state=None, *, output_
     final = k.new_empty(b, h, dk, v.shape[-1], dtype=torch.float32) if output_final_state \
         else k.new_empty(0, dtype=torch.float32)
     return o, final
+
+
+@torch.library.custom_op("ascend_dsa::chunk_kda_states", mutates_args=())
+def chunk_kda_states(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     scale: float | None = None, initial_state: torch.Tensor | None = None, *, num_states: int,
+                     chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """chunk_kda's (o, final_state) and the state after each of the first `num_states` steps `[B, n, H, K, V]`
+    fp32, from one pass over the tokens (module docstring). Inference only: it has no gradient."""
+    _validate_states(q, k, v, g, beta, initial_state, chunk_size, num_states)
+    b, _, h, dk = k.shape
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        states = torch.empty(b, num_states, h, dk, v.shape[-1], dtype=torch.float32)
+        o, final = _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, True, chunk_size, states)
+        return o, final, states
+
+    cls = native_class(q, k, v, g, beta)
+    return run() if cls is None else dispatch.run(OP, chunk_kda_native.NATIVE_SOURCE, cls, run,
+                                                  dispatch.torch_path(run))
+
+
+def _validate_states(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     initial_state: torch.Tensor | None, chunk_size: int, num_states: int) -> None:
+    _validate(q, k, v, g, beta, initial_state, chunk_size)
+    require(0 <= num_states <= k.shape[1], f"chunk_kda_states: `num_states` counts checkpoints of the first steps "
+                                           f"and must be in [0, T={k.shape[1]}]; got {num_states}")
+
+
+@chunk_kda_states.register_fake
+def _chunk_kda_states_fake(q, k, v, g, beta, scale=None, initial_state=None, *, num_states, chunk_size=64):
+    _validate_states(q, k, v, g, beta, initial_state, chunk_size, num_states)
+    b, t_len, h, dk = k.shape
+    dv = v.shape[-1]
+    return (v.new_empty(b, t_len, h, dv), k.new_empty(b, h, dk, dv, dtype=torch.float32),
+            k.new_empty(b, num_states, h, dk, dv, dtype=torch.float32))
 
 
 def kda_transition(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,

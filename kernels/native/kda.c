@@ -20,6 +20,10 @@
  *
  * Inputs are fp32 and contiguous in fla's layout: q, k, e [B][T][H][K], v [B][T][H][V], beta [B][T][H];
  * state [B][H][K][V] is read as the initial state and overwritten with the final one; o is [B][T][H][V].
+ * kda_recurrence_states also writes the state after each of the first n_states steps into states
+ * [B][n_states][H][K][V] (checkpoints for speculative decoding's rollback), in the same pass: each is the tile
+ * scaled by d, the very multiplication that gives the final state, so checkpoint t is bitwise the final state of
+ * a run over the first t + 1 steps.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -41,8 +45,8 @@
 
 struct kda_args {
     const float *q, *k, *e, *v, *beta;
-    float *state, *o;
-    int64_t batch, steps, heads, dk, dv;
+    float *state, *o, *states;
+    int64_t batch, steps, heads, dk, dv, n_states;
     float scale;
 };
 
@@ -112,6 +116,16 @@ static void prefetch_step(const struct kda_args *a, int64_t qk_at, int64_t v_at,
     for (int i = 0; i < width; i += 64 / sizeof(float)) __builtin_prefetch(a->v + v_at + i);
 }
 
+/* Writes the state after step t, S = Diag(d) S~, into columns [col, col + width) of checkpoint t of (b, h). */
+static void store_checkpoint(const struct kda_args *a, int64_t b, int64_t h, int64_t t, int64_t col, int width,
+                             int nv, const vf *s, const float *decay) {
+    float *dst = a->states + ((b * a->n_states + t) * a->heads + h) * a->dk * a->dv + col;
+    for (int64_t i = 0; i < a->dk; i++) {
+        const float *row = (const float *)(s + i * nv);
+        for (int c = 0; c < width; c++) dst[i * a->dv + c] = row[c] * decay[i];
+    }
+}
+
 /* Every step for one (b, h, tile) of `width` columns from `col`; s is the zero-padded tile of S. */
 static inline __attribute__((always_inline)) void run_tile(const struct kda_args *a, int64_t b, int64_t h,
                                                            int64_t col, int width, const int nv, vf *s,
@@ -143,6 +157,7 @@ static inline __attribute__((always_inline)) void run_tile(const struct kda_args
             acc[j] = next[j];
         }
         memcpy(a->o + v0 + t * v_step, out, (size_t)width * sizeof(float));
+        if (t < a->n_states) store_checkpoint(a, b, h, t, col, width, nv, s, r->decay);
     }
     for (int64_t i = 0; i < a->dk; i++)     /* the final state: S = Diag(d) S~ */
         for (int j = 0; j < nv; j++) s[i * nv + j] *= r->decay[i];
@@ -186,11 +201,13 @@ static int tile_vectors(int64_t dv) {
     return nv;
 }
 
-/* Runs the recurrence (file comment). Returns 0, or -1 when a buffer could not be allocated. */
-int kda_recurrence(const float *q, const float *k, const float *e, const float *v, const float *beta, float scale,
-                   int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv, float *state, float *o) {
+/* Runs the recurrence (file comment), writing the states after the first n_states <= steps steps into states
+ * (NULL when n_states is 0). Returns 0, or -1 when a buffer could not be allocated. */
+int kda_recurrence_states(const float *q, const float *k, const float *e, const float *v, const float *beta,
+                          float scale, int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv,
+                          float *state, float *o, float *states, int64_t n_states) {
     if (steps == 0) return 0;   /* no step reads anything; the state stays as it is */
-    const struct kda_args a = {q, k, e, v, beta, state, o, batch, steps, heads, dk, dv, scale};
+    const struct kda_args a = {q, k, e, v, beta, state, o, states, batch, steps, heads, dk, dv, n_states, scale};
     const int nv = tile_vectors(dv);
     const int64_t cols = (int64_t)nv * VL, tiles = (dv + cols - 1) / cols, jobs = batch * heads * tiles;
     const int parallel = jobs > 1 && steps * dk * dv * batch * heads >= PARALLEL_MIN_WORK;
@@ -215,4 +232,10 @@ int kda_recurrence(const float *q, const float *k, const float *e, const float *
         free(tile);
     }
     return failed ? -1 : 0;
+}
+
+/* The recurrence without checkpoints. */
+int kda_recurrence(const float *q, const float *k, const float *e, const float *v, const float *beta, float scale,
+                   int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv, float *state, float *o) {
+    return kda_recurrence_states(q, k, e, v, beta, scale, batch, steps, heads, dk, dv, state, o, NULL, 0);
 }
