@@ -6,21 +6,27 @@ sizes: every (token, slot) pair reaches its expert, whatever the routing skew. E
 the EP group in contiguous blocks: rank r holds experts [r·L, (r+1)·L), L = moe_expert_num / ep_world_size.
 
     moe_dispatch(x [T,H], expert_ids [T,k] int, group_ep, ep_world_size, ep_rank_id, moe_expert_num,
-                 *, quant_mode=0)
-      -> expand_x [A,H]            the A rows this rank's experts received, grouped by local expert and, within
-                                   an expert, by source rank (x's dtype; int8 when quant_mode=2)
+                 *, quant_mode=0, global_bs=0)
+      -> expand_x [A,H]            the rows this rank's experts received, grouped by local expert and, within
+                                   an expert, by source rank, then zero rows up to A (x's dtype; int8 when
+                                   quant_mode=2)
          dynamic_scales [A] fp32   per-row scales of the int8 rows (quant_mode=2), else empty [0]
          expand_idx [T·k] int32    the flat position t·k + j of each row this rank sent, in sending order
-         expert_token_nums [L] int64   rows received per local expert
+         expert_token_nums [L] int64   rows received per local expert (their sum is the valid row count)
          ep_recv_counts [W·L] int32    rows received from source rank s for local expert e at s·L + e
     moe_combine(expand_x [A,H], expert_ids, expand_idx, ep_send_counts, expert_scales [T,k], group_ep,
                 ep_world_size, ep_rank_id, moe_expert_num)
       -> out [T,H] in expand_x's dtype: out[t] = Σ_j expert_scales[t,j] · row returned for (t, j)
 
-`ep_send_counts` is dispatch's `ep_recv_counts`; `expand_x` for combine holds the expert outputs in the order
-dispatch delivered their inputs. `group_ep` is a process group's `group_name`. quant_mode=2 quantizes each
-dispatched row to int8 with its own scale (ep_quant.py); combine always sends the activation dtype.
-Every rank of the group must call both ops, in the same order, as with any collective. Inference only.
+A is static, as on the NPU: a token's k experts are distinct, so one rank receives at most min(k, L) rows per
+token of the group, A = G·min(k, L) with G = global_bs, the group's total token count (0: every rank has T,
+G = W·T). Graphs compiled around the ops therefore keep static shapes and no graph break. A run where the
+ranks' token counts exceed G fails with an error saying so.
+`ep_send_counts` is dispatch's `ep_recv_counts`; `expand_x` for combine holds the expert outputs in the rows
+where dispatch delivered their inputs (padding rows are ignored). `group_ep` is a process group's
+`group_name`. quant_mode=2 quantizes each dispatched row to int8 with its own scale (ep_quant.py); combine
+always sends the activation dtype. Every rank of the group must call both ops, in the same order, as with
+any collective. Inference only.
 """
 from __future__ import annotations
 
@@ -69,6 +75,11 @@ def _check_ids(op: str, expert_ids: torch.Tensor, moe_expert_num: int) -> None:
                 f"{op}: `expert_ids` must lie in [0, {moe_expert_num}); got values in [{low}, {high}]")
 
 
+def row_bound(tokens: int, top_k: int, ep_world_size: int, moe_expert_num: int, global_bs: int = 0) -> int:
+    """A: the most rows one rank can receive (see the module docstring)."""
+    return (global_bs or ep_world_size * tokens) * min(top_k, moe_expert_num // ep_world_size)
+
+
 def _send_plan(expert_ids: torch.Tensor, moe_expert_num: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(flat t·k + j positions sorted by expert, hence by destination rank; rows sent per global expert)."""
     flat = expert_ids.reshape(-1).long()
@@ -89,7 +100,7 @@ def _expert_major(recv_counts: torch.Tensor, ep_world_size: int) -> torch.Tensor
 
 @torch.library.custom_op("ascend_dsa::moe_dispatch", mutates_args=())
 def moe_dispatch(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_world_size: int, ep_rank_id: int,
-                 moe_expert_num: int, *, quant_mode: int = 0
+                 moe_expert_num: int, *, quant_mode: int = 0, global_bs: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Send each (token, slot) row to the rank holding its expert; see the module docstring."""
     op = "moe_dispatch"
@@ -105,9 +116,15 @@ def moe_dispatch(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_wo
     if quant_mode == 2:
         rows = ep_quant.pack(*ep_quant.quantize_rows(rows))
     send_splits, recv_splits = _rank_splits(counts, ep_world_size), _rank_splits(recv_counts, ep_world_size)
+    bound = row_bound(x.shape[0], expert_ids.shape[1], ep_world_size, moe_expert_num, global_bs)
+    require(sum(recv_splits) <= bound,
+            f"{op}: EP rank {ep_rank_id} received {sum(recv_splits)} rows, more than the {bound} that "
+            f"global_bs={global_bs} allows: the ranks have different token counts; pass global_bs = the sum of "
+            f"every rank's token count")
     received = rows.new_empty(sum(recv_splits), rows.shape[1])
     dist.all_to_all_single(received, rows.contiguous(), recv_splits, send_splits, group=group)
     received = received.index_select(0, _expert_major(recv_counts, ep_world_size))
+    received = torch.cat([received, received.new_zeros(bound - received.shape[0], received.shape[1])])
     if quant_mode == 2:
         expand_x, scales = ep_quant.unpack(received)
     else:
@@ -117,9 +134,10 @@ def moe_dispatch(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_wo
 
 
 @moe_dispatch.register_fake
-def _moe_dispatch_fake(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, quant_mode=0):
+def _moe_dispatch_fake(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, quant_mode=0,
+                       global_bs=0):
     _validate("moe_dispatch", x, expert_ids, ep_world_size, moe_expert_num)
-    rows = torch.library.get_ctx().new_dynamic_size()
+    rows = row_bound(x.shape[0], expert_ids.shape[1], ep_world_size, moe_expert_num, global_bs)
     dtype = torch.int8 if quant_mode == 2 else x.dtype
     return (x.new_empty(rows, x.shape[1], dtype=dtype),
             x.new_empty(rows if quant_mode == 2 else 0, dtype=torch.float32),
@@ -148,12 +166,13 @@ def moe_combine(expand_x: torch.Tensor, expert_ids: torch.Tensor, expand_idx: to
     """Return the expert outputs to their source ranks and sum them per token, weighted; see the docstring."""
     _validate_combine(expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, ep_world_size,
                       moe_expert_num)
-    require_same("moe_combine", "rows of `expand_x` and the total of `ep_send_counts`", expand_x.shape[0],
-                 int(ep_send_counts.sum()))
+    valid = int(ep_send_counts.sum())
+    require(valid <= expand_x.shape[0], f"moe_combine: `ep_send_counts` totals {valid} rows but `expand_x` has "
+                                        f"{expand_x.shape[0]}")
     group = resolve_group("moe_combine", group_ep, ep_world_size, ep_rank_id)
     tokens, top_k = expert_ids.shape
-    source_major = torch.empty_like(expand_x).index_copy_(
-        0, _expert_major(ep_send_counts, ep_world_size), expand_x)
+    source_major = torch.empty_like(expand_x[:valid]).index_copy_(
+        0, _expert_major(ep_send_counts, ep_world_size), expand_x[:valid])
     counts = torch.bincount(expert_ids.reshape(-1).long(), minlength=moe_expert_num)
     returned = expand_x.new_empty(tokens * top_k, expand_x.shape[1])
     dist.all_to_all_single(returned, source_major, _rank_splits(counts, ep_world_size),

@@ -1,11 +1,11 @@
-"""Expert-parallel MoE modules: the local experts of one rank, run as dispatch -> local fused_moe -> combine.
+"""Expert-parallel MoE modules: the local experts of one rank, run as dispatch -> grouped experts -> combine.
 
 `EPExperts` stands in for a stacked experts module (transformers' `*Experts`: `forward(hidden_states,
 top_k_index, top_k_weights)`, SwiGLU weights `gate_up_proj` [E,2I,H] and `down_proj` [E,H,I]) holding only
-this rank's contiguous block of experts. `EPDeepSeekMoE` replaces the reference model's `DeepSeekMoE`: the same
-router and shared expert (replicated), its routed experts an `EPExperts`. Under torch.compile the three
-collectives-backed steps stay ops of the graph (`ascend_dsa::moe_dispatch`, `fused_moe`, `moe_combine`); the
-received row count is a data-dependent size.
+this rank's contiguous block of experts, run by `ascend_dsa::grouped_swiglu`. `EPDeepSeekMoE` replaces the
+reference model's `DeepSeekMoE`: the same router and shared expert (replicated), its routed experts an
+`EPExperts`. Under torch.compile the three steps stay ops of one graph (`ascend_dsa::moe_dispatch`,
+`grouped_swiglu`, `moe_combine`), with static shapes (dispatch pads its rows to a bound): no graph break.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import npu_graph.kernels  # noqa: F401  (registers ascend_dsa::fused_moe)
 from npu_graph.models.moe import DeepSeekMoE
-from npu_graph.parallel import ep_dispatch  # noqa: F401  (registers moe_dispatch / moe_combine)
+from npu_graph.parallel import ep_dispatch, ep_grouped  # noqa: F401  (register the ops used below)
 from npu_graph.parallel.ep_quant import dequantize_rows
 
 
@@ -51,11 +50,7 @@ class EPExperts(nn.Module):
             quant_mode=self.quant_mode)
         if self.quant_mode == 2:
             expand_x = dequantize_rows(expand_x, scales, hidden_states.dtype)
-        rows = expand_x.shape[0]
-        local_ids = torch.repeat_interleave(torch.arange(self.gate_up_proj.shape[0], device=expand_x.device),
-                                            token_nums, output_size=rows)
-        ones = torch.ones(rows, 1, dtype=torch.float32, device=expand_x.device)
-        out = ops.fused_moe(expand_x, self.gate_up_proj, self.down_proj, ones, local_ids.unsqueeze(1))
+        out = ops.grouped_swiglu(expand_x, self.gate_up_proj, self.down_proj, token_nums)
         return ops.moe_combine(out, top_k_index, expand_idx, recv_counts, top_k_weights, self.group_name,
                                self.ep_world_size, self.ep_rank, self.num_experts)
 
