@@ -36,12 +36,13 @@ def _as_group(ep_group: object) -> dist.ProcessGroup:
             raise ValueError(f"shard_experts: pass one dimension of the DeviceMesh (mesh['ep']), not a "
                              f"{ep_group.ndim}-D mesh")
         ep_group = ep_group.get_group()
+    if ep_group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
+                         f"EP group (new_group gave it NON_GROUP_MEMBER); call shard_experts with a group that "
+                         f"contains it")
     if not isinstance(ep_group, dist.ProcessGroup):
         raise TypeError(f"shard_experts: ep_group must be a torch.distributed ProcessGroup or a 1-D DeviceMesh, "
                         f"got {type(ep_group).__name__}")
-    if dist.get_rank(ep_group) < 0:
-        raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
-                         f"EP group {ep_group.group_name!r}; call shard_experts with a group that contains it")
     return ep_group
 
 
