@@ -13,6 +13,7 @@ setup(
     packages=[
         "npu_graph",
         "npu_graph.models",
+        "npu_graph.generate",
         "npu_graph.parallel",
         "npu_graph.targets",
         "npu_graph.passes",

@@ -17,7 +17,8 @@ E8M0 scale per 32 values (`ascend_dsa.dynamic_mx_quant`; the scale bytes are kep
 dequantize the whole paged tensor and then gather, so a fused op can be handed the stored codes instead.
 
 KDA layers keep the recurrent state `[B, H, K, V]` (fp32) and the short-convolution window
-`[B, 3*H*K, conv_kernel-1]`, both updated in place.
+`[B, 3*H*K, conv_kernel-1]`, both updated in place; with `slots` (kda_slots.py, set by a speculative decode loop)
+a multi-token forward also keeps what rolling them back needs.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ MX_GROUP = 32
 
 if TYPE_CHECKING:
     from npu_graph.models.hybrid import HybridConfig
+    from npu_graph.models.kda_slots import KDASlots
 
 
 @dataclass
@@ -51,6 +53,7 @@ class KDALayerCache:
 
     state: torch.Tensor
     conv_state: torch.Tensor
+    slots: KDASlots | None = None
 
 
 class HybridCache:

@@ -10,6 +10,10 @@ connections are block attention residuals (`attn_res.py`). Inference state lives
 Inference runs under `torch.no_grad()` in eval mode. In training mode (npu_graph.training) every input is one
 whole sequence from an empty cache, and the lightning indexers and MoE routers keep their auxiliary losses in
 `aux_loss` after each forward (`aux_losses(model)` collects them).
+
+With `mtp_layers=1` the model also has a multi-token-prediction head (`mtp.py`, DeepSeek-V3's form) for
+speculative decoding: `forward(..., return_hidden=True)` returns the last hidden states it reads and `draft`
+runs it on its own cache (`new_mtp_cache`); npu_graph.generate owns the decode loops.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from npu_graph.models.cache import HybridCache
 from npu_graph.models.dsa import DSAAttention
 from npu_graph.models.kda import KimiDeltaAttention
 from npu_graph.models.moe import DeepSeekMoE, MoEGate, SwiGLU
+from npu_graph.models.mtp import MTPModule, mtp_block_config
 from npu_graph.models.norm import RMSNorm
 
 
@@ -66,6 +71,7 @@ class HybridConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     initializer_range: float = 0.02
+    mtp_layers: int = 0         # 1: a multi-token-prediction head (mtp.py) for speculative decoding
 
     def __post_init__(self) -> None:
         self.layer_types = list(self.layer_types)
@@ -77,6 +83,7 @@ class HybridConfig:
                 self.n_routed_experts % self.n_group == 0 and self.n_routed_experts // self.n_group >= 2),
             "topk_group <= n_group": self.topk_group <= self.n_group,
             "index_rope_head_dim < index_head_dim": self.index_rope_head_dim < self.index_head_dim,
+            "mtp_layers is 0 or 1 (one MTP module, applied again for further drafts)": self.mtp_layers in (0, 1),
         }
         failed = [name for name, ok in checks.items() if not ok]
         if failed:
@@ -164,6 +171,8 @@ class HybridLM(nn.Module):
         self.final_res = AttnRes(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.mtp_layers:
+            self.mtp = MTPModule(config, DecoderLayer(mtp_block_config(config), 0))
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -183,8 +192,24 @@ class HybridLM(nn.Module):
         """An empty cache for `batch_size` sequences of up to `config.max_context` tokens."""
         return HybridCache(self.config, batch_size, kv_dtype=kv_dtype)
 
-    def forward(self, input_ids: torch.Tensor, cache: HybridCache | None = None) -> torch.Tensor:
-        """Logits `[B, T, vocab]` for `input_ids` `[B, T]` following the cached tokens; appends them to `cache`."""
+    def new_mtp_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
+        """An empty cache for the MTP head's block (`draft`)."""
+        return HybridCache(mtp_block_config(self.config), batch_size, kv_dtype=kv_dtype)
+
+    def draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, mtp_cache: HybridCache
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP head on last hidden states `hidden` `[B, T, D]` (positions i) and the tokens that follow them
+        `next_ids` `[B, T]` (positions i+1): (logits for positions i+2 `[B, T, vocab]`, the head's hidden states,
+        which stand in for `hidden` when drafting further). Appends the T positions to `mtp_cache`."""
+        if not self.config.mtp_layers:
+            raise ValueError("HybridLM.draft: this model has no MTP head; build it with HybridConfig(mtp_layers=1)")
+        h = self.mtp(hidden, self.embed(next_ids), mtp_cache)
+        return self.lm_head(self.mtp.norm(h)), h
+
+    def forward(self, input_ids: torch.Tensor, cache: HybridCache | None = None, return_hidden: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits `[B, T, vocab]` for `input_ids` `[B, T]` following the cached tokens; appends them to `cache`.
+        With `return_hidden`, (logits, the last hidden states `[B, T, D]` that the MTP head reads)."""
         if cache is None:
             cache = self.new_cache(input_ids.shape[0])
         positions = cache.positions(input_ids.shape[1])
@@ -197,7 +222,8 @@ class HybridLM(nn.Module):
             partial = layer(blocks, partial, positions, cache)
         cache.advance_(input_ids.shape[1])
         h = self.final_res([*blocks, partial])
-        return self.lm_head(self.norm(h))
+        logits = self.lm_head(self.norm(h))
+        return (logits, h) if return_hidden else logits
 
 
 def aux_losses(model: HybridLM) -> dict[str, torch.Tensor]:

@@ -92,6 +92,8 @@ class KimiDeltaAttention(nn.Module):
         layer = cache.layers[self.layer_idx]
         heads = (batch, seq, self.n_heads, self.head_dim)
         mixed = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1).transpose(1, 2)
+        if layer.slots is not None:
+            layer.slots.record_inputs(layer, mixed)
         q, k, v = self.short_conv(mixed, layer).transpose(1, 2).chunk(3, dim=-1)
         q, k, v = l2_normalize(q.reshape(heads)), l2_normalize(k.reshape(heads)), v.reshape(heads)
         forget = self.f_b(self.f_a(x)).view(heads) + self.dt_bias.view(self.n_heads, self.head_dim)
@@ -99,8 +101,11 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(self.b_proj(x))
         # training: autograd keeps the entering state, which the copy_ below would overwrite
         entering = layer.state.clone() if self.training else layer.state
-        o, state = kda_core(q, k, v, g, beta, scale=self.head_dim ** -0.5, initial_state=entering,
-                            output_final_state=True)
+        if layer.slots is not None:
+            o, state = layer.slots.core_(q, k, v, g, beta, self.head_dim ** -0.5, entering)
+        else:
+            o, state = kda_core(q, k, v, g, beta, scale=self.head_dim ** -0.5, initial_state=entering,
+                                output_final_state=True)
         layer.state.copy_(state)
         o = self.o_norm(o, self.g_b(self.g_a(x)).view(heads))
         return self.o_proj(o.reshape(batch, seq, -1))
