@@ -11,6 +11,7 @@ import torch.fx
 from npu_graph.config import CompilerConfig
 from npu_graph.dump import GraphDump
 from npu_graph.implementations import implementations
+from npu_graph.parallel.ep_report import expert_parallel_summary
 from npu_graph.pass_api import PassContext
 from npu_graph.pipeline import run_pipeline
 from npu_graph.report import GraphReport, fused_op_counts, op_count
@@ -72,6 +73,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3
     report.nodes_after = len(gm.graph.nodes)
     report.fused_ops = fused_op_counts(gm)
+    if ep_layers := expert_parallel_summary(gm):
+        report.extra["expert_parallel"] = ep_layers
     if npu_compiled is None:
         report.extra["implementations"] = implementations(gm)
     report.ops = op_count(gm)

@@ -9,7 +9,8 @@ import torch
 import torch.fx
 
 FUSED_NAMESPACE = "ascend_dsa"
-PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program", "implementations", "runtime")
+PASS_SECTIONS = ("quantized", "layouts", "streams", "superkernels", "npu_program", "implementations", "runtime",
+                 "expert_parallel")
 
 
 def graph_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -2,6 +2,10 @@
 ascend_dsa) against the same model whole in the same process (importable by name in spawned ranks)."""
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -35,6 +39,12 @@ def _expert_params(model: torch.nn.Module) -> int:
     return sum(param.numel() for name, param in model.named_parameters() if ".experts." in name)
 
 
+def _ep_summary(dump: str | None) -> list[dict]:
+    """The expert_parallel entries of every summary.json under `dump` (none when not compiled)."""
+    paths = sorted(Path(dump).rglob("summary.json")) if dump else []
+    return [layer for path in paths for layer in json.loads(path.read_text()).get("expert_parallel", [])]
+
+
 def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: bool = False) -> dict:
     """Per model: relative max logits difference, cosine, parameter and expert-parameter ratios, EP layers."""
     ids = torch.randint(3, 250, (1, 24), generator=torch.Generator().manual_seed(1))
@@ -52,7 +62,9 @@ def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: boo
                 module.register_forward_pre_hook(lambda _, args, seen=routed: seen.append(args[1].flatten()))
         local = sum(p.numel() for m in model.modules() if isinstance(m, EPExperts) for p in m.parameters())
         torch._dynamo.reset()
-        run = torch.compile(model, backend="ascend_dsa", options={"cache": False}) if compiled else model
+        dump = tempfile.mkdtemp(prefix="ep_dump_") if compiled else None
+        run = model if dump is None else torch.compile(model, backend="ascend_dsa",
+                                                        options={"cache": False, "dump_dir": dump})
         with torch.no_grad():
             got = _logits(run(ids))
         results[name] = {
@@ -60,7 +72,8 @@ def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: boo
             "cosine": F.cosine_similarity(got.flatten(), want.flatten(), dim=0).item(),
             "params": sum(p.numel() for p in model.parameters()) / params,
             "experts": local / experts, "layers": [(layer.name, layer.local_experts) for layer in layers],
-            "routed": torch.cat(routed).bincount(minlength=8).tolist() if routed else None}
+            "routed": torch.cat(routed).bincount(minlength=8).tolist() if routed else None,
+            "summary": _ep_summary(dump)}
     return results
 
 

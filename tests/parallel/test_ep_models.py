@@ -23,6 +23,17 @@ def _check_sharded(rank: int, world: int, result: dict, tol: float = 1e-5) -> No
     assert result["layers"] and all(kept == range(rank * local, (rank + 1) * local) for _, kept in result["layers"])
 
 
+def _check_summary(rank: int, world: int, result: dict) -> None:
+    """summary.json lists every EP layer of the compiled graphs with this rank's experts."""
+    local = 8 // world
+    assert len(result["summary"]) == len(result["layers"])
+    for layer in result["summary"]:
+        assert (layer["ep_world_size"], layer["ep_rank"], layer["experts"]) == (world, rank, 8)
+        assert layer["local_experts"] == [rank * local, (rank + 1) * local]
+    for layer, (name, _) in zip(result["summary"], result["layers"]):
+        assert layer["module"].startswith(name)
+
+
 def test_reference_eager(reference2):
     for rank, result in enumerate(reference2):
         _check_sharded(rank, 2, result["eager"])
@@ -47,6 +58,7 @@ def test_reference_quantized_dispatch(reference2):
 def test_reference_compiled(world):
     for rank, result in enumerate(launch(ep_model_workers.reference_checks, world, args=(True,), timeout_s=600.0)):
         _check_sharded(rank, world, result["compiled"])
+        _check_summary(rank, world, result["compiled"])
         _check_sharded(rank, world, result["eager"])
 
 
@@ -56,3 +68,4 @@ def test_transformers_compiled():
     for rank, result in enumerate(results):
         for name in HF_MODELS:
             _check_sharded(rank, 2, result[name])
+            _check_summary(rank, 2, result[name])

@@ -7,6 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import npu_graph.parallel  # noqa: F401  (registers the EP ops)
 from npu_graph.parallel import ep_quant
 from npu_graph.parallel.ep_dispatch import row_bound
+from npu_graph.parallel.ep_report import expert_parallel_summary
 
 ops = torch.ops.ascend_dsa
 
@@ -74,3 +75,16 @@ def test_argument_errors_before_any_collective():
         ops.moe_dispatch(x, ids, "g", 2, 0, 8, quant_mode=1)
     with pytest.raises(ValueError, match=r"torch\.distributed is not initialized"):
         ops.moe_dispatch(x, ids, "g", 2, 0, 8)
+
+
+def test_expert_parallel_summary():
+    graph = torch.fx.Graph()
+    x, ids = graph.placeholder("x"), graph.placeholder("ids")
+    sent = graph.call_function(ops.moe_dispatch.default, (x, ids, "g", 4, 3, 16), {"quant_mode": 2})
+    sent.meta["nn_module_stack"] = {"a": ("L['self'].model", None), "b": ("L['self'].model.layers.2.mlp.experts",
+                                                                           None)}
+    sent.meta["val"] = (torch.empty(24, 8),)
+    graph.output(sent)
+    assert expert_parallel_summary(torch.fx.GraphModule(torch.nn.Module(), graph)) == [
+        {"module": "model.layers.2.mlp.experts", "ep_world_size": 4, "ep_rank": 3, "experts": 16,
+         "local_experts": [12, 16], "quant_mode": 2, "dispatch_rows": 24}]
