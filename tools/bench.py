@@ -26,6 +26,7 @@ SUITES = {
     "quant": "npu_graph.tools.bench_quant",
     "cp": "npu_graph.tools.bench_cp",
     "generate": "npu_graph.tools.bench_generate",
+    "ep": "npu_graph.tools.bench_ep",
 }
 
 
