@@ -22,8 +22,8 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import refresh_meta
 from npu_graph.passes.match_util import near_miss, val
+from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
 
 NAME = "conv_channels_last"
 INFERENCE_ONLY = True
@@ -79,7 +79,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     if ctx.target != "cpu":
         return PassResult(changed=False, stats={"matches": {}})
     graph, changed = gm.graph, []
-    outputs_before = _output_strides(gm)
+    outputs_before, before = _output_strides(gm), meta_snapshot(gm)
     for node in [n for n in graph.nodes if _candidate(n) and not _reads_strides(n)]:
         weight = node.args[1]
         channels, _, taps = val(weight).shape
@@ -90,7 +90,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     if not changed:
         return PassResult(changed=False, stats={"matches": {}})
     try:
-        refresh_meta(gm)
+        refresh_meta(gm, since=before)
         reason = None if _output_strides(gm) == outputs_before else "it would change a graph output's strides"
     except Exception as e:  # a downstream view that only the old strides allow
         reason = f"the channels-last output does not propagate: {type(e).__name__}: {str(e)[:200]}"

@@ -34,8 +34,8 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import refresh_meta
 from npu_graph.passes.match_util import NoMatch, near_miss, peel_mask, strip_casts, topk_parts, val
+from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
 
 NAME = "fuse_moe"
 INFERENCE_ONLY = True
@@ -548,10 +548,10 @@ def _fuse_experts(gm: torch.fx.GraphModule, matches: Counter, near: list) -> Non
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    matches, near = Counter(), []
+    matches, near, before = Counter(), [], meta_snapshot(gm)
     _fuse_experts(gm, matches, near)
     _fuse_gating(gm, matches, near)
     if matches:
         gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
+        refresh_meta(gm, since=before)
     return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})

@@ -1,5 +1,5 @@
-"""Graph plumbing for the fusion passes: the match-and-rewrite loop, leaf axes, and recomputing
-node.meta["val"] after a rewrite so that later passes see correct fake tensors."""
+"""Graph plumbing for the fusion passes: the match-and-rewrite loop (which refreshes node.meta["val"] where a
+rewrite changed it, meta_refresh.py), leaf axes, mask and table arguments of the fused ops."""
 from __future__ import annotations
 
 import operator
@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from npu_graph.pass_api import PassResult
 from npu_graph.passes.axis_trace import TraceError, Tracer, flat
 from npu_graph.passes.match_util import NoMatch, near_miss, strip_casts, val
+from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
 
 
 def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:
@@ -61,6 +61,7 @@ def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[to
     it matched, or raises NoMatch (reported as a near miss when it says so) or TraceError."""
     matches: Counter[str] = Counter()
     near = []
+    before = meta_snapshot(gm)
     for node in list(gm.graph.nodes):
         if node.target not in targets:
             continue
@@ -71,13 +72,7 @@ def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[to
                 near.append(near_miss(label, node, str(exc)))
     if matches:
         gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
+        refresh_meta(gm, since=before)
     return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
 
 
-def refresh_meta(gm: torch.fx.GraphModule) -> None:
-    """Recompute every node's fake value from the placeholders' (symbolic sizes preserved)."""
-    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = torch._guards.detect_fake_mode([i for i in inputs if isinstance(i, torch.Tensor)])
-    gm.recompile()
-    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)

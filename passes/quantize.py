@@ -19,8 +19,8 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import refresh_meta
 from npu_graph.passes.match_util import val
+from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
 from npu_graph.quant_policy import EXPECTED_ERROR, KV_TILE, MX_GROUP, indexer_entry, kv_entry, resolve_policy
 
 NAME = "quantize"
@@ -139,6 +139,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     if not policy.active:
         return PassResult(changed=False)
     entries: list[dict[str, Any]] = []
+    before = meta_snapshot(gm)
     for node in list(gm.graph.nodes):
         if node.target is ops.lightning_indexer.default and policy.indexer == "mxfp8":
             entries += _quant_indexer(gm.graph, node)
@@ -146,7 +147,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
             entries += _quant_kv(gm.graph, node, policy.scale_fmt)
     if entries:
         gm.graph.eliminate_dead_code()
-        refresh_meta(gm)
+        refresh_meta(gm, since=before)
     summary = {"policy": policy.to_json(), "tensors": entries, "expected_error": EXPECTED_ERROR}
     ops_done = sorted({e["op"] for e in entries})
     return PassResult(changed=bool(entries), stats={"quantized": len(entries), "ops": ops_done},

@@ -15,8 +15,8 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import refresh_meta
 from npu_graph.passes.match_util import val
+from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
 
 NAME = "short_depthwise_conv"
 INFERENCE_ONLY = False
@@ -57,12 +57,12 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    rewritten = 0
+    rewritten, before = 0, meta_snapshot(gm)
     for node in list(gm.graph.nodes):
         if _is_short_depthwise(node):
             node.replace_all_uses_with(_rewrite(gm.graph, node))
             gm.graph.erase_node(node)
             rewritten += 1
     if rewritten:
-        refresh_meta(gm)
+        refresh_meta(gm, since=before)
     return PassResult(changed=bool(rewritten), stats={"matches": {PATTERN: rewritten} if rewritten else {}})
