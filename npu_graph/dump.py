@@ -87,6 +87,14 @@ def describe_graph(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
     return [describe_node(n) for n in gm.graph.nodes]
 
 
+def stage_json(record: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
+    """A stage's JSON: its record indented, then its nodes one per line (json's C encoder, which indentation
+    would switch off: a decoder graph's stages took seconds each)."""
+    head = json.dumps(record, indent=1, default=str)
+    lines = ",\n".join(json.dumps(node, default=str) for node in nodes)
+    return f'{head[:-2]},\n "nodes": [\n{lines}\n ]\n}}'
+
+
 def graph_text(gm: torch.fx.GraphModule) -> str:
     """Readable listing of the graph with shapes and dtypes (what print_readable shows)."""
     return gm.print_readable(print_output=False, include_stride=False, include_device=False)
@@ -98,6 +106,7 @@ class GraphDump:
     def __init__(self, folder: str):
         self.folder = folder
         self.failed = False
+        self._listing: str | None = None  # the last stage's graph listing
 
     @classmethod
     def create(cls, root: str, graph_name: str) -> GraphDump | None:
@@ -138,11 +147,21 @@ class GraphDump:
             return
         self._write(filename, text)
 
-    def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any]) -> None:
+    def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any],
+                    changed: bool = True) -> None:
+        """The stage's listing (.txt, reused from the stage before when the pass left the graph's code as it was)
+        and its record with every node described (.json, one node per line)."""
         stem = f"{index:02d}_{stage}"
-        self._write_made(stem + ".txt", lambda: graph_text(gm))
-        self._write_made(stem + ".json", lambda: json.dumps({"stage": stage, **info, "nodes": describe_graph(gm)},
-                                                            indent=1, default=str))
+        if changed or self._listing is None:
+            self._listing = None
+            self._write_made(stem + ".txt", lambda: self._remember_listing(graph_text(gm)))
+        else:
+            self._write(stem + ".txt", self._listing)
+        self._write_made(stem + ".json", lambda: stage_json({"stage": stage, **info}, describe_graph(gm)))
+
+    def _remember_listing(self, text: str) -> str:
+        self._listing = text
+        return text
 
     def write_text(self, filename: str, text: str) -> None:
         self._write(filename, text)

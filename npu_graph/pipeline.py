@@ -142,5 +142,5 @@ def run_pipeline(gm: torch.fx.GraphModule, ctx: PassContext) -> list[PassRecord]
                             result.stats, result.summary)
         records.append(record)
         if ctx.dump is not None and reason is None:
-            ctx.dump.write_stage(len(records), p.NAME, gm, record.to_json())
+            ctx.dump.write_stage(len(records), p.NAME, gm, record.to_json(), result.changed)
     return records

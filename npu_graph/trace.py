@@ -68,10 +68,11 @@ class TracedDump:
     def folder(self) -> str | None:
         return self.inner.folder if self.inner else None
 
-    def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any]) -> None:
+    def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any],
+                    changed: bool = True) -> None:
         emit_artifact(stage, lambda: f"# {self.graph_name}, stage {index}: {stage}\n{graph_text(gm)}")
         if self.inner:
-            self.inner.write_stage(index, stage, gm, info)
+            self.inner.write_stage(index, stage, gm, info, changed)
 
     def write_text(self, filename: str, text: str) -> None:
         emit_artifact(filename.replace(".", "_"), lambda: text)
