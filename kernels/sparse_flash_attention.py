@@ -358,6 +358,28 @@ def _native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: i
     return bool(ok)
 
 
+def _rows_read(indices: Tensor, block: int, lq: int, lkv: int) -> int:
+    """KV rows the first lq query tokens of a batch read in all, at most (each up to K·block of lkv)."""
+    return lq * min(indices.shape[3] * block, lkv)
+
+
+def _native_dequantized(readers: _Readers, args: tuple, b: int, lq: int, lkv: int,
+                        outs: tuple[Tensor, Tensor, Tensor]) -> bool:
+    """KV the kernel cannot read as stored (scaled fp8) whose rows the query tokens read at least once over in
+    all (a prefill; a decode step over a short cache): batch b's visible rows dequantized once into fp32, then
+    the native kernel over them. False when no native kernel reads them (the caller takes the torch path)."""
+    keys = readers.key.float_range(b, 0, lkv)[None, :, None]
+    values = keys if readers.value is None else readers.value.float_range(b, 0, lkv)[None, :, None]
+    rope = None if readers.rope is None else readers.rope.float_range(b, 0, lkv)[None, :, None]
+    kernel = _native_kernel(keys, values, rope, None)
+    if kernel is None:
+        return False
+    query, _, _, indices, scale, _, query_rope, _, block, mode = args
+    rows = (query[b:b + 1], keys, values, indices[b:b + 1], scale, None,
+            None if query_rope is None else query_rope[b:b + 1], rope, block, mode)
+    return _native_batch(kernel, rows, 0, lq, lkv, tuple(out[b:b + 1] for out in outs))
+
+
 def _torch_batch(readers: _Readers, query: Tensor, query_rope: Tensor | None, indices: Tensor, scale_value: float,
                  b: int, lq: int, lkv: int, sparse_block_size: int, sparse_mode: int,
                  outs: tuple[Tensor, Tensor, Tensor]) -> None:
@@ -393,6 +415,9 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
         if lq[b] == 0 or (kernel is not None and _native_batch(kernel, args, b, lq[b], lkv[b], outs)):
             continue
         readers = readers or _readers(key, value, key_rope, key_scale, value_scale, block_table)
+        if _rows_read(indices, sparse_block_size, lq[b], lkv[b]) >= lkv[b] and \
+                _native_dequantized(readers, args, b, lq[b], lkv[b], outs):
+            continue
         _torch_batch(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size,
                      sparse_mode, outs)
     return outs

@@ -188,6 +188,33 @@ def test_fp8_kv_equals_dequantized():
     assert_outputs_close(got, ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_kv_prefill_dequantized_once(paged, monkeypatch):
+    """Query tokens that read the cache over in all (a prefill) dequantize it once and run the native kernel;
+    the result matches the reference on the scaled fp8 rows and the per-row torch path."""
+    q, kv, qr, kr = make_inputs(2, 12, 4, 256, 16, 80, torch.bfloat16, seed=13)
+    codes = (kv.float() * 8).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 80, 1, 2, generator=torch.Generator().manual_seed(14)) + 0.05
+    idx = random_indices(2, 12, 80, 30, seed=15, pad=3)
+    args = dict(query_rope=qr, key_scale=scale, value_scale=scale, sparse_mode=0)
+    if paged:
+        (codes, table), scale = to_paged(codes, 16), to_paged(scale, 16)[0]
+        args.update(block_table=table, key_scale=scale, value_scale=scale, layout_kv="PA_BSND",
+                    actual_seq_lengths_kv=torch.tensor([80, 80]))
+        kr = to_paged(kr, 16)[0]
+    taken = []
+    wrapped = sfa._native_dequantized
+    monkeypatch.setattr(sfa, "_native_dequantized", lambda *a: taken.append(wrapped(*a)) or taken[-1])
+    got = OP(q, codes, codes, idx, 0.05, key_rope=kr, **args)
+    if sfa.native.load(sfa.NATIVE_SOURCE):
+        assert taken == [True, True]
+    monkeypatch.setattr(sfa, "_native_dequantized", lambda *a: False)
+    per_row = OP(q, codes, codes, idx, 0.05, key_rope=kr, **args)
+    assert_outputs_close(got, per_row, atol=1e-2, rtol=1e-2)
+    ref = sfa.reference_sparse_flash_attention(q, codes, codes, idx, 0.05, key_rope=kr, **args)
+    assert_outputs_close(got, ref, atol=1e-2, rtol=1e-2)
+
+
 def bad_inputs():
     q, kv, _, kr = make_inputs(2, 3, 4, 128, 8, 40)
     idx = random_indices(2, 3, 40, 8)
