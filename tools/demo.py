@@ -178,7 +178,8 @@ def _model_and_prompts(args: argparse.Namespace, config: HybridConfig) -> tuple[
     and one random prompt."""
     if args.config == TRAINED_CONFIG and not args.random_weights:
         prompts = trained_accuracy.heldout_data(TEXT_PROMPTS)[:, :-1]
-        return trained_model(TRAINED_CONFIG, quick=True), prompts[:, -args.prompt_len:]
+        # contiguous: a row of a slice keeps the slice's row stride, which Dynamo guards on even for one row
+        return trained_model(TRAINED_CONFIG, quick=True), prompts[:, -args.prompt_len:].contiguous()
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     return HybridLM(config).eval(), ids
