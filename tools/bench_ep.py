@@ -123,8 +123,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "ep2_over_one_process": result["ms"]["ep2"] / result["ms"]["one_process"]})
     notes = ["2 ranks on this machine share its cores with everything else; each rank runs one thread, and "
              "both ranks run the one-process layer too (side by side, alternating), so the times compare the "
-             "same core count. gloo moves rows through loopback TCP and the dispatch/combine bookkeeping runs "
-             "in Python: the CPU run shows the EP layer's correctness, its memory split and its overheads, not "
-             "the speed-up that HCCL/MC2 on an Ascend EP group brings (halved expert weights read per card).",
+             "same core count. At EP=2 a rank's experts get as many rows as the rank routes (the expert FLOPs "
+             "per rank are the same both ways), so on a CPU the EP form can only add the two all-to-alls and "
+             "their bookkeeping (gloo over loopback TCP, index work in torch): this run shows the EP layer's "
+             "correctness, its memory split and its overheads, not what HCCL/MC2 on an Ascend EP group brings "
+             "(each card reads 1/EP of the expert weights).",
              "load max/mean is for contiguous expert blocks; skewed routing loads one rank well above the mean."]
     return {"suite": "ep", "rows": rows, "notes": notes}
+
+
+def _value(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def print_text(result: dict[str, Any]) -> None:
+    """One line per row (the rows of the four measurements have different columns), then the notes."""
+    print("ascend-dsa bench ep")
+    for row in result["rows"]:
+        fields = ", ".join(f"{key} {_value(value)}" for key, value in row.items() if key != "case")
+        print(f"  {row['case']}: {fields}")
+    for note in result["notes"]:
+        print(f"- {note}")
