@@ -26,6 +26,7 @@ SUITES = {
     "quant": "npu_graph.tools.bench_quant",
     "cp": "npu_graph.tools.bench_cp",
     "generate": "npu_graph.tools.bench_generate",
+    "spec": "npu_graph.tools.bench_spec",
     "ep": "npu_graph.tools.bench_ep",
 }
 

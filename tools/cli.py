@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
     bench = sub.add_parser("bench", help="benchmarks measured side by side (ours vs eager vs Inductor)")
     bench.add_argument("suite", help="suite name: e2e, kernels, cache, cp, quant, generate "
-                       "(transformers generate(): prefill ms, decode tokens/s, cold first call, recompiles)")
+                       "(transformers generate(): prefill ms, decode tokens/s, cold first call, recompiles), spec "
+                       "(speculative vs plain greedy decoding of the reference model, k = 1..4)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")

@@ -91,7 +91,7 @@ def pad_prompts(prompts: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.T
 
 class Decoder:
     """Owns a model's caches for each call and decodes greedily (module docstring). `options`: the ascend_dsa
-    backend's options when `compiled`."""
+    backend's options when `compiled`. `prefill_s` is the wall time of the last call's prefill."""
 
     def __init__(self, model: HybridLM, *, compiled: bool = False, options: dict[str, Any] | None = None,
                  kv_dtype: torch.dtype = torch.float32) -> None:
@@ -100,6 +100,7 @@ class Decoder:
         self.kda_scale = model.config.kda_head_dim ** -0.5
         self.forward, self.draft = model, model.draft
         self.backend = None
+        self.prefill_s = 0.0
         if compiled:
             import npu_graph
 
@@ -153,6 +154,7 @@ class Decoder:
     def _prefill(self, ids: torch.Tensor, lengths: torch.Tensor, cache: HybridCache
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill the padded prompts; returns (the first generated token `[B]`, hidden states `[B, P, D]`)."""
+        began = time.perf_counter()
         ragged = bool((lengths != ids.shape[1]).any())
         if ragged:
             attach_slots(cache, "replay", ids.shape[1])
@@ -161,7 +163,9 @@ class Decoder:
             keep_prefix_(cache, torch.zeros_like(lengths), lengths, self.kda_scale)
             detach_slots(cache)
         rows = torch.arange(ids.shape[0])
-        return logits[rows, lengths.long() - 1].argmax(dim=-1), hidden
+        first = logits[rows, lengths.long() - 1].argmax(dim=-1)
+        self.prefill_s = time.perf_counter() - began
+        return first, hidden
 
     def _draft(self, state: _Round, mtp_cache: HybridCache, k: int, stats: SpecStats) -> torch.Tensor:
         """k draft tokens `[B, k]`: the MTP head catches up on the last accepted positions, then steps."""

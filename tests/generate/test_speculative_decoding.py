@@ -1,6 +1,8 @@
 """npu_graph.generate: speculative greedy decoding (MTP drafts, one verify forward, KDA rollback by checkpoint
 slots or replay) gives exactly the tokens of plain greedy decoding, for k = 1..4, prompts of different lengths
 and rows that accept different lengths in one verify; drafts that are right are accepted."""
+import dataclasses
+
 import pytest
 import torch
 from spec_helpers import OracleDecoder, mtp_model, prompts
@@ -64,6 +66,18 @@ def test_right_drafts_are_all_accepted(model, truth):
     out, stats = OracleDecoder(model, truth, LENGTHS, spoil=False).speculative(prompts(LENGTHS), STEPS, 3)
     assert torch.equal(out, truth[:, :STEPS])
     assert stats.acceptance_rate == 1.0 and stats.mean_accepted_length == 4.0
+
+
+def test_fp8_cache_speculative_is_fp8_greedy():
+    """A float8 DSA cache (quant="dsa"'s storage): rows rewritten after a rollback are quantized per token again,
+    so speculative decoding gives the tokens plain decoding with the same cache gives."""
+    torch.manual_seed(0)
+    model = HybridLM(dataclasses.replace(HybridConfig.named("stdlib"), mtp_layers=1)).eval()
+    decoder, lengths = Decoder(model, kv_dtype=torch.float8_e4m3fn), [12, 7]
+    truth = decoder.greedy(prompts(lengths), 10)
+    oracle = OracleDecoder(model, truth, lengths, kv_dtype=torch.float8_e4m3fn)
+    out, stats = oracle.speculative(prompts(lengths), 6, 2)
+    assert torch.equal(out, truth[:, :6]) and 0 < stats.acceptance_rate < 1
 
 
 def test_errors(model):

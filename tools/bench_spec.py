@@ -1,0 +1,129 @@
+"""`ascend-dsa bench spec`: speculative greedy decoding (npu_graph.generate) against plain greedy decoding.
+
+The model is the trained stdlib checkpoint (`ascend-dsa train`) when one exists, else the stdlib config with
+random weights, with an MTP head added (mtp_layers=1). Prompts are held-out stdlib windows. For eager and
+compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
+head's drafts (checkpoint rollback; eager also replay) and with oracle drafts (the plain greedy tokens: every
+draft accepted, the speed a perfect draft head would reach at this verify cost). Tokens/s count decoded tokens
+only (the prefill is left out); every run is timed after a warm-up run (which compiles, and lets kernels/dispatch.py
+measure its choices).
+Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback) and
+whether the tokens equal plain greedy decoding's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from npu_graph import progress
+from npu_graph.generate import Decoder
+from npu_graph.models.hybrid import HybridConfig, HybridLM
+
+KS = (1, 2, 3, 4)
+OPTIONS = {"cache": False, "verify": False}
+
+
+class OracleDecoder(Decoder):
+    """Drafts the plain greedy tokens `truth` (the MTP head still runs, so its cost is counted)."""
+
+    def __init__(self, model: HybridLM, truth: torch.Tensor, prompt_len: int, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.truth, self.prompt_len = truth, prompt_len
+
+    def _draft(self, state, mtp_cache, k, stats):
+        super()._draft(state, mtp_cache, k, stats)
+        emitted = mtp_cache.lengths.long() - (k - 1) - self.prompt_len + 1
+        index = (emitted.unsqueeze(1) + torch.arange(k)).clamp(max=self.truth.shape[1] - 1)
+        return self.truth.gather(1, index)
+
+
+def load_model() -> tuple[HybridLM, str]:
+    """(the stdlib model with a fresh MTP head, where its weights came from)."""
+    from npu_graph.training import checkpoint
+
+    torch.manual_seed(0)
+    try:
+        trained = HybridLM.from_pretrained(checkpoint.default_dir("stdlib", 0))
+        source = "trained stdlib checkpoint (MTP head untrained)"
+    except checkpoint.CheckpointError:
+        trained = HybridLM(HybridConfig.named("stdlib"))
+        source = "stdlib config, random weights (no trained checkpoint; run `ascend-dsa train`)"
+    model = HybridLM(dataclasses.replace(trained.config, mtp_layers=1)).eval()
+    missing, unexpected = model.load_state_dict(trained.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("mtp.") for name in missing)
+    return model, source
+
+
+def heldout_prompts(batch: int, length: int) -> torch.Tensor:
+    from npu_graph.tools import trained_accuracy
+
+    return trained_accuracy.heldout_data(batch)[:, :length].long()
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - start
+
+
+@dataclasses.dataclass
+class Plain:
+    """Plain greedy decoding's tokens (steps + max(KS) per prompt) and decode rate."""
+    truth: torch.Tensor
+    tokens_per_s: float
+
+
+def plain_run(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool) -> Plain:
+    plain = Decoder(model, compiled=compiled, options=OPTIONS)
+    plain.greedy(prompts, 3)
+    truth, seconds = _timed(plain.greedy, prompts, steps + max(KS))
+    decoded = prompts.shape[0] * (steps + max(KS) - 1)
+    return Plain(truth, decoded / (seconds - plain.prefill_s))
+
+
+def spec_row(decoder: Decoder, prompts: torch.Tensor, steps: int, k: int, rollback: str, plain: Plain
+             ) -> dict[str, Any]:
+    decoder.speculative(prompts, 2 * (k + 2), k, rollback)      # two rounds or more: every graph of this k
+    (out, stats), seconds = _timed(decoder.speculative, prompts, steps, k, rollback)
+    rounds = max(stats.rounds, 1)
+    rate = prompts.shape[0] * (steps - 1) / (seconds - decoder.prefill_s)
+    return {"k": k, "compiled": decoder.backend is not None, "rollback": rollback,
+            "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
+            "tokens_per_s_plain": plain.tokens_per_s, "tokens_per_s_spec": rate,
+            "speedup": rate / plain.tokens_per_s, "identical": bool(torch.equal(out, plain.truth[:, :steps])),
+            "draft_ms": 1e3 * stats.draft_s / rounds, "verify_ms": 1e3 * stats.verify_s / rounds,
+            "rollback_ms": 1e3 * stats.rollback_s / rounds}
+
+
+def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool) -> list[dict[str, Any]]:
+    """Speculative rows of one mode (eager or compiled) against its plain greedy decoding."""
+    plain = plain_run(model, prompts, steps, compiled)
+    rows = []
+    for k in KS:
+        for drafts, rollback in (("mtp", "checkpoint"), ("mtp", "replay"), ("oracle", "checkpoint")):
+            if compiled and rollback == "replay":
+                continue
+            decoder = (OracleDecoder(model, plain.truth, prompts.shape[1], compiled=compiled, options=OPTIONS)
+                       if drafts == "oracle" else Decoder(model, compiled=compiled, options=OPTIONS))
+            rows.append({**spec_row(decoder, prompts, steps, k, rollback, plain), "drafts": drafts})
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    batch, prompt_len, steps = (4, 64, 24) if args.quick else (8, 256, 128)
+    model, source = load_model()
+    prompts = heldout_prompts(batch, prompt_len)
+    rows = []
+    for compiled in (False, True):
+        with progress.step(f"{'compiled' if compiled else 'eager'} plain and speculative decoding", "bench spec"):
+            rows += rows_for(model, prompts, steps, compiled)
+    notes = [f"model: {source}; {batch} held-out prompts of {prompt_len} bytes, {steps} new tokens each, fp32",
+             "drafts=mtp: the MTP head's drafts; drafts=oracle: plain greedy's tokens as drafts (all accepted), "
+             "the speed a perfect draft head would reach with this verify cost",
+             "tokens/s count decoded tokens (prefill subtracted); draft/verify/rollback ms are per round",
+             "identical: the tokens equal plain greedy decoding's; timings on a shared machine are noisy"]
+    return {"suite": "spec", "rows": rows, "notes": notes}
