@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from npu_graph.targets.npu_contract import Arg
+from npu_graph.targets.npu_moe_ops import MOE_LOWERINGS
 from npu_graph.targets.npu_ops import Emission, Lowering, Names, bound_args, composite, half_dtype, used_outputs
 from npu_graph.targets.npu_signatures import NO_COUNTERPART
 
@@ -105,31 +106,6 @@ def _moe_gating_top_k(lo: Lowering, a: dict[str, Any]) -> Emission | str:
     return lo.assign(lo.call("torch_npu.npu_moe_gating_top_k", [x, a["k"]], kwargs))
 
 
-def _grouped(lo: Lowering, rows: str, weight: Any, dtype: torch.dtype, counts: str) -> str:
-    w = lo.names.text(weight)
-    args = [Arg(f"[{rows}]", "tensors", dtypes=(dtype,)), Arg(f"[{w}.transpose(1, 2)]", "tensors", dtypes=(dtype,))]
-    kwargs = {"group_list": Arg.tensor(counts, torch.int64), "group_list_type": 1, "group_type": 0, "split_item": 2}
-    return f"{lo.call('torch_npu.npu_grouped_matmul', args, kwargs)}[0]"
-
-
-def _fused_moe(lo: Lowering, a: dict[str, Any]) -> Emission:
-    x, ids = lo.tensor(a["x"]), lo.tensor(a["topk_ids"], torch.int32, "expert ids are int32")
-    experts = a["w13"].meta["val"].shape[0]
-    lo.line("# dispatch -> grouped GEMMs -> SwiGLU -> combine (vllm-ascend's dropless path; pairing unverified)")
-    routed = lo.call("torch_npu.npu_moe_init_routing_v2", [x, ids], {
-        "active_num": Arg(f"{x.text}.shape[0] * {ids.text}.shape[1]", "expr"), "expert_num": lo.value(experts),
-        "expert_tokens_num_type": 1, "expert_tokens_num_flag": True, "quant_mode": -1,
-        "active_expert_range": Arg(f"[0, {lo.names.text(experts)}]", "expr"), "row_idx_type": 0})
-    hidden = _grouped(lo, f"{routed}[0]", a["w13"], x.dtype, f"{routed}[2]")
-    act = lo.call("torch_npu.npu_swiglu", [Arg.tensor(hidden, x.dtype), -1], {})
-    down = _grouped(lo, act, a["w2"], x.dtype, f"{routed}[2]")
-    weights = lo.tensor(a["topk_weights"], x.dtype, "routing weights share the rows' dtype")
-    out = lo.call("torch_npu.npu_moe_finalize_routing", [
-        Arg.tensor(down, x.dtype), Arg.literal(None), Arg.literal(None), Arg.literal(None), weights,
-        Arg.tensor(f"{routed}[1]", torch.int32), ids, lo.value(0)], {})
-    return lo.assign(out)
-
-
 def _rms_norm(lo: Lowering, a: dict[str, Any]) -> Emission:
     x = lo.tensor(a["x"])
     gamma = lo.tensor(a["gamma"], x.dtype, "npu_rms_norm takes gamma in x's dtype")
@@ -155,10 +131,10 @@ LOWERINGS: dict[str, Callable[[Lowering, dict[str, Any]], Emission | str]] = {
     "dynamic_mx_quant": _dynamic_mx_quant,
     "dynamic_block_quant": _dynamic_block_quant,
     "moe_gating_top_k": _moe_gating_top_k,
-    "fused_moe": _fused_moe,
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
     "rotary_mul": _rotary_mul,
+    **MOE_LOWERINGS,
 }
 
 

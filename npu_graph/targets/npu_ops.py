@@ -20,11 +20,13 @@ from npu_graph.targets.npu_signatures import HALF
 
 @dataclass
 class Emission:
-    """What one node becomes: program lines, the torch_npu calls among them, and why it stayed composite."""
+    """What one node becomes: program lines, the torch_npu calls among them, why it stayed composite, and the
+    module-level constants its lines read (name -> expression, evaluated once when the program is loaded)."""
 
     lines: list[str] = field(default_factory=list)
     calls: list[NpuCall] = field(default_factory=list)
     composite: str = ""
+    constants: dict[str, str] = field(default_factory=dict)
 
 
 class Names:
@@ -109,6 +111,11 @@ class Lowering:
 
     def line(self, text: str) -> None:
         self.out.lines.append(text)
+
+    def constant(self, name: str, expr: str) -> Arg:
+        """A module-level constant of the program (computed once at load, e.g. a communicator name)."""
+        self.out.constants[name] = expr
+        return Arg(name, "expr")
 
     def call(self, op: str, args: list[Arg], kwargs: dict[str, Any], result: str | None = None) -> str:
         call = NpuCall(op, [self.value(a) for a in args], {k: self.value(v) for k, v in kwargs.items()},

@@ -69,6 +69,7 @@ class _Walker:
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm, self.names, self.calls, self.composites = gm, Names(), [], {}
         self.imports: set[str] = set()
+        self.constants: dict[str, str] = {}
 
     def bind(self, node: torch.fx.Node, name: str) -> None:
         self.names.env[node] = name
@@ -83,6 +84,7 @@ class _Walker:
         if isinstance(target, torch._ops.OpOverload) and target.namespace == "ascend_dsa":
             emission = lower_node(node, self.names)
             self.calls += emission.calls
+            self.constants.update(emission.constants)
             if emission.composite:
                 self.composites[target._opname] = emission.composite
             return emission.lines
@@ -160,5 +162,6 @@ def generate(gm: torch.fx.GraphModule, name: str, graph_mode: str = "max-autotun
         signature = ", ".join(["self", *params, *hoisted])
         forward = [f"def {writer.forward_name}({signature}):", *body, f"    return {output}", *writer.footer()]
         scopes, scope_calls = writer.counts, scope_calls + writer.calls
-        sources[mode] = "\n".join([*header, *prologue, *forward]) + "\n"
+        constants = [f"{name} = {expr}" for name, expr in walker.constants.items()]
+        sources[mode] = "\n".join([*header, *constants, *([""] * 2 * bool(constants)), *prologue, *forward]) + "\n"
     return NpuProgram(name, sources, walker.calls, walker.composites, nz, scopes, scope_calls)

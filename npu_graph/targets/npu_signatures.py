@@ -67,6 +67,24 @@ def _kw(name: str, type_: str, **kw: object) -> Param:
 
 _LENGTHS = (_kw("actual_seq_lengths_query", "Tensor?", dtypes=(torch.int32,)),)
 _I64_MAX = (0, 2**63 - 1)
+# MC2 (npu_moe_distribute_*): EP sizes are A3's 8..288 (A2 takes 16, 32, 64); group_ep is the HCCL
+# communicator name, `group._get_backend(torch.device("npu")).get_hccl_comm_name(global_rank)` (HCCL_COMM_NAME_SOURCE),
+# not the torch group_name.
+HCCL_COMM_NAME_SOURCE = "https://gitcode.com/Ascend/op-plugin/blob/7.3.0/docs/context/torch-distributed-distributed_c10d.md"
+MC2_EP_SIZES = (8, 16, 32, 64, 128, 144, 256, 288)
+MC2_MAX_EXPERTS = 512
+MC2_MAX_HIDDEN = 7168
+MC2_MAX_TOP_K = 16
+MC2_MAX_TOKENS = 512
+_MC2_GROUP = (_pos("group_ep", "str"), _pos("ep_world_size", "int", choices=MC2_EP_SIZES),
+              _pos("ep_rank_id", "int", bounds=(0, MC2_EP_SIZES[-1] - 1)),
+              _pos("moe_expert_num", "int", bounds=(1, MC2_MAX_EXPERTS)))
+_MC2_OPTIONS = (_kw("group_tp", "str"), _kw("tp_world_size", "int", choices=(0, 1, 2)),
+                _kw("tp_rank_id", "int", choices=(0, 1)), _kw("expert_shard_type", "int", choices=(0,)),
+                _kw("shared_expert_num", "int", choices=(1,)), _kw("shared_expert_rank_num", "int", bounds=(0, 287)))
+_MC2_NOTES = ("inference only; A2: H in (0, 7168] and a multiple of 32, BS <= 256, K <= 16, "
+              "moe_expert_num / ep_world_size <= 24; A3: H = 7168, BS <= 512, K <= 8; the K experts of a token "
+              "are distinct")
 
 _ENTRIES = (
     Signature("torch_npu.npu_lightning_indexer", (
@@ -146,6 +164,33 @@ _ENTRIES = (
         _pos("export_for_source_row", "Tensor?", dtypes=(torch.int32,)),
         _pos("drop_pad_mode", "int", required=False, choices=(0, 1, 2, 3))),
         _OP_PLUGIN + "torch_npu-npu_moe_finalize_routing.md", same_dtype=("expanded_permuted_rows", "scales")),
+    Signature("torch_npu.npu_moe_distribute_dispatch", (
+        _pos("x", "Tensor", dtypes=HALF), _pos("expert_ids", "Tensor", dtypes=(torch.int32,)),
+        *_MC2_GROUP, _kw("scales", "Tensor?", dtypes=(torch.float32,)), _kw("x_active_mask", "Tensor?"),
+        _kw("expert_scales", "Tensor?", dtypes=(torch.float32,)), *_MC2_OPTIONS,
+        _kw("quant_mode", "int", choices=(0, 2)), _kw("global_bs", "int", bounds=_I64_MAX),
+        _kw("expert_token_nums_type", "int", choices=(0, 1))),
+        _OP_PLUGIN + "torch_npu-npu_moe_distribute_dispatch.md",
+        notes=_MC2_NOTES + "; returns (expand_x, dynamic_scales, expand_idx [BS·K], expert_token_nums, "
+              "ep_recv_counts, tp_recv_counts, expand_scales); expand_idx and ep_recv_counts hold MC2's own "
+              "bookkeeping (ep_recv_counts as prefix sums; A2: moe_expert_num + 2·global_bs·K·server_num long) "
+              "and are for combine only; expert_scales / expand_scales: A2 only. The _v2 form replaces "
+              "expand_idx by assist_info_for_combine [A·128] (" + _OP_PLUGIN
+              + "torch_npu-npu_moe_distribute_dispatch_v2.md); this table pins the v1 pair, whose expand_idx "
+              "[BS·K] is ascend_dsa::moe_dispatch's"),
+    Signature("torch_npu.npu_moe_distribute_combine", (
+        _pos("expand_x", "Tensor", dtypes=HALF), _pos("expert_ids", "Tensor", dtypes=(torch.int32,)),
+        _pos("expand_idx", "Tensor", dtypes=(torch.int32,)), _pos("ep_send_counts", "Tensor", dtypes=(torch.int32,)),
+        _pos("expert_scales", "Tensor", dtypes=(torch.float32,)), *_MC2_GROUP,
+        _kw("tp_send_counts", "Tensor?", dtypes=(torch.int32,)), _kw("x_active_mask", "Tensor?"),
+        _kw("activation_scale", "Tensor?"), _kw("weight_scale", "Tensor?"), _kw("group_list", "Tensor?"),
+        _kw("expand_scales", "Tensor?", dtypes=(torch.float32,)), _kw("shared_expert_x", "Tensor?"),
+        *_MC2_OPTIONS, _kw("global_bs", "int", bounds=_I64_MAX), _kw("out_dtype", "int", choices=(0,)),
+        _kw("comm_quant_mode", "int", choices=(0, 2)), _kw("group_list_type", "int", choices=(0,))),
+        _OP_PLUGIN + "torch_npu-npu_moe_distribute_combine.md",
+        notes=_MC2_NOTES + "; returns x [BS,H] in expand_x's dtype; A2 requires expand_scales (dispatch's "
+              "output 6, given expert_scales), A3 takes none; group_ep, ep_world_size, moe_expert_num and "
+              "global_bs must equal dispatch's"),
     Signature("torch_npu.npu_rms_norm", (
         _pos("self", "Tensor", dtypes=FLOATS), _pos("gamma", "Tensor", dtypes=FLOATS),
         _pos("epsilon", "float", required=False)),
