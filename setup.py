@@ -17,6 +17,8 @@ setup(
         "npu_graph.parallel",
         "npu_graph.targets",
         "npu_graph.passes",
+        "npu_graph.passes.matching",
+        "npu_graph.passes.streams",
         "npu_graph.kernels",
         "npu_graph.tools",
     ],

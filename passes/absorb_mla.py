@@ -19,11 +19,13 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.attention_parts import score_terms, softmax_parts, split_score_and_mask
-from npu_graph.passes.axis_trace import Dim, Tracer, flat, materialize, same_size
-from npu_graph.passes.fusion_graph import dim_arg, fuse_each
-from npu_graph.passes.match_util import NoMatch, val
-from npu_graph.passes.sparse_mask import is_sparse_mask
+from npu_graph.passes.matching.attention_parts import score_terms, softmax_parts, split_score_and_mask
+from npu_graph.passes.matching.axis_trace import Dim, Tracer, flat
+from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.materialize import materialize
+from npu_graph.passes.matching.sparse_mask import is_sparse_mask
+from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, same_size, val
 
 NAME = "absorb_mla"
 INFERENCE_ONLY = True
@@ -33,8 +35,7 @@ aten = torch.ops.aten
 _EMPTY = {aten.new_empty.default, aten.empty.memory_format, aten.empty_like.default, aten.new_zeros.default,
           aten.zeros.default}
 
-_LAYOUT = {aten.transpose.int, aten.permute.default, aten.view.default, aten.reshape.default,
-           aten._unsafe_view.default, aten.clone.default, aten.expand.default}
+_LAYOUT = RESHAPES | {aten.transpose.int, aten.permute.default, aten.clone.default, aten.expand.default}
 _SCALES = {aten.mul.Scalar, aten.mul.Tensor, aten.div.Scalar}
 
 
@@ -57,13 +58,13 @@ class MLAMatch:
 def concat_last(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The pieces of a tensor built by concatenating along its last dim (`cat`, or slice_scatter writes into
     an empty tensor covering it exactly), in order."""
-    last = val(node).dim() - 1
-    if node.target == aten.cat.default and (node.args[1] if len(node.args) > 1 else 0) in (-1, last):
+    rank = val(node).dim()
+    if node.target == aten.cat.default and is_last_dim(arg(node, 1, 0), rank):
         return list(node.args[0])
     pieces, width = [], val(node).shape[-1]
     while node.target == aten.slice_scatter.default:
         base, src, dim, start, end = [*node.args, 0, None, None][:5]
-        if dim not in (-1, last) or (len(node.args) > 5 and node.args[5] != 1):
+        if not is_last_dim(dim, rank) or arg(node, 5, 1) != 1:
             raise NoMatch("a slice write that is not along the last dim")
         if src.target == aten.copy.default:
             src = src.args[1]
@@ -80,11 +81,11 @@ def concat_last(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 def _split_source(part: torch.fx.Node) -> tuple[torch.fx.Node, int, int]:
     """(source, start, end) of a last-dim piece: getitem of split_with_sizes, or slice."""
-    if part.target == aten.slice.Tensor and part.args[1] in (-1, val(part.args[0]).dim() - 1):
+    if part.target == aten.slice.Tensor and is_last_dim(part.args[1], val(part.args[0]).dim()):
         width = val(part.args[0]).shape[-1]
         return part.args[0], part.args[2], min(part.args[3], width)
     source = part.args[0] if part.target.__name__ == "getitem" else None
-    if source is None or source.target != aten.split_with_sizes.default or source.args[2] not in (-1, 3):
+    if source is None or source.target != aten.split_with_sizes.default or not is_last_dim(source.args[2], 4):
         raise NoMatch("key and value are not pieces of one per-head projection")
     sizes = source.args[1]
     start = sum(sizes[:part.args[1]])

@@ -22,35 +22,27 @@ from collections import Counter
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.matching.values import CASTS, RESHAPES, UNIT_DIMS, same_size, val
 
 NAME = "canonicalize"
 INFERENCE_ONLY = False
 
 aten = torch.ops.aten
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-_UNIT_DIMS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
 _FACTORIES = {aten.new_full.default: aten.full.default, aten.new_zeros.default: aten.zeros.default,
               aten.new_ones.default: aten.ones.default, aten.new_empty.default: aten.empty.memory_format}
-_COPIES = {aten.clone.default, aten._to_copy.default, aten.alias.default}
 _IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
-
-
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dim() != b.dim():
         return False
-    return all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape))
+    return all(map(same_size, a.shape, b.shape))
 
 
 def _same_tensor_type(node: torch.fx.Node, source: object) -> bool:
-    out, inp = _val(node), _val(source)
+    out, inp = val(node), val(source)
     return (out is not None and inp is not None and out.dtype == inp.dtype
             and out.device == inp.device and _same_shape(out, inp))
 
@@ -69,9 +61,9 @@ def _mutated_or_boundary(node: torch.fx.Node) -> bool:
 def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
     """The rule that makes `node` redundant and the node to use instead, if any."""
     target, args = node.target, node.args
-    if (target in _VIEWS or target == aten.expand.default) and _same_tensor_type(node, args[0]):
+    if (target in RESHAPES or target == aten.expand.default) and _same_tensor_type(node, args[0]):
         return "noop_view", args[0]
-    if target in _COPIES and _same_tensor_type(node, args[0]) and _plain_copy(node) \
+    if target in CASTS and _same_tensor_type(node, args[0]) and _plain_copy(node) \
             and not (_mutated_or_boundary(node) or _mutated_or_boundary(args[0])):
         return "noop_copy", args[0]
     if target in _IDENTITY and len(args) == 2 and args[1] == _IDENTITY[target] and not node.kwargs \
@@ -91,10 +83,10 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
     """view(view|unsqueeze|squeeze(x), s) -> view(x, s); unsqueeze(view(x, s), d) -> view(x, s with 1 at d)."""
     source = node.args[0]
     source_target = getattr(source, "target", None)
-    if node.target in _VIEWS and (source_target in _VIEWS or source_target in _UNIT_DIMS):
+    if node.target in RESHAPES and (source_target in RESHAPES or source_target in UNIT_DIMS):
         node.args = (source.args[0], *node.args[1:])
         return True
-    if node.target == aten.unsqueeze.default and source_target in _VIEWS and len(source.users) == 1:
+    if node.target == aten.unsqueeze.default and source_target in RESHAPES and len(source.users) == 1:
         shape = list(source.args[1])
         dim = node.args[1] % (len(shape) + 1)
         with node.graph.inserting_before(node):
@@ -107,10 +99,10 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
 
 def _unit_dims_only(source: object, perm: list[int]) -> bool:
     """True when permuting `source` by `perm` keeps its non-unit dims in order (only size-1 dims move)."""
-    val = _val(source)
-    if val is None:
+    value = val(source)
+    if value is None:
         return False
-    kept = [d for d in perm if not statically_known_true(val.shape[d] == 1)]
+    kept = [d for d in perm if not same_size(value.shape[d], 1)]
     return kept == sorted(kept)
 
 
@@ -123,7 +115,7 @@ def _collapse_permute(node: torch.fx.Node) -> str | None:
     if node.target == aten.permute.default:
         node.args = (source.args[0], [inner[d % len(inner)] for d in node.args[1]])
         return "permute_chain"
-    if node.target in _VIEWS and _unit_dims_only(source.args[0], [d % len(inner) for d in inner]):
+    if node.target in RESHAPES and _unit_dims_only(source.args[0], [d % len(inner) for d in inner]):
         node.args = (source.args[0], *node.args[1:])
         return "unit_permute_view"
     return None
@@ -138,7 +130,7 @@ def _noop_permute(node: torch.fx.Node) -> bool:
 def _detach_factory(node: torch.fx.Node) -> bool:
     """x.new_full/new_zeros/new_ones/new_empty(size, ...) -> full/zeros/ones/empty(size, dtype, device of x)."""
     factory = _FACTORIES.get(node.target)
-    source = _val(node.args[0]) if factory is not None else None
+    source = val(node.args[0]) if factory is not None else None
     if source is None or any(k not in ("dtype", "device", "layout", "pin_memory") for k in node.kwargs):
         return False
     kwargs = {"dtype": node.kwargs.get("dtype") or source.dtype, "device": node.kwargs.get("device") or source.device,

@@ -16,8 +16,9 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import val
 
 NAME = "causal_sdpa"
 INFERENCE_ONLY = True

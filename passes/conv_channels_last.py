@@ -22,8 +22,9 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.match_util import near_miss, val
-from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.match_util import near_miss
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.values import val
 
 NAME = "conv_channels_last"
 INFERENCE_ONLY = True

@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.stream_deps import root, written_roots
+from npu_graph.passes.streams.deps import root, written_roots
 
 NAME = "eliminate_common_subexpressions"
 INFERENCE_ONLY = False
@@ -34,7 +34,7 @@ def _schema(node: torch.fx.Node) -> torch._C.FunctionSchema | None:
 
 
 def written_or_returned_roots(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Storage roots (stream_deps.root: through views, in-place results and their tuple items) of every tensor
+    """Storage roots (streams/deps.py root: through views, in-place results and their tuple items) of every tensor
     some node writes in place or the graph returns."""
     roots = {r for node in graph.nodes for r in written_roots(node)}
     outputs = [n for n in graph.nodes if n.op == "output"]

@@ -18,9 +18,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import arg, same_size, val
 
 NAME = "fuse_add_rms_norm"
 INFERENCE_ONLY = True
@@ -48,7 +48,7 @@ def _same_type(a: torch.Tensor | None, b: torch.Tensor) -> bool:
 
 def match(norm: Node) -> AddNormMatch:
     h, gamma = norm.args[0], norm.args[1]
-    eps = norm.args[2] if len(norm.args) > 2 else norm.kwargs.get("epsilon", 1e-6)
+    eps = arg(norm, 2, 1e-6, "epsilon")
     if not isinstance(h, Node) or h.target != aten.add.Tensor or not all(isinstance(a, Node) for a in h.args):
         raise NoMatch("the norm's input is not a sum of two tensors", near=False)
     if h.kwargs.get("alpha", 1) != 1:

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import (
+from npu_graph.passes.matching.axis_trace import (
     Axis,
     Dim,
     Expr,
@@ -34,13 +34,13 @@ from npu_graph.passes.axis_trace import (
     dim_size,
     flat,
     flatten,
-    materialize,
-    same_size,
     softmax_of,
     unify_dim,
 )
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.materialize import materialize
+from npu_graph.passes.matching.values import same_size, val
 
 NAME = "fuse_attention"
 INFERENCE_ONLY = True

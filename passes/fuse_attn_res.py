@@ -24,20 +24,12 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import (
-    Axis,
-    Dim,
-    Expr,
-    Tracer,
-    Value,
-    as_leaf,
-    flat,
-    materialize,
-    same_size,
-)
 from npu_graph.passes.fuse_rms_norm import parse_norm
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.axis_trace import Axis, Dim, Expr, Tracer, Value, as_leaf, flat
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.materialize import materialize
+from npu_graph.passes.matching.values import arg, same_size, val
 
 NAME = "fuse_attn_res"
 INFERENCE_ONLY = True
@@ -90,7 +82,7 @@ def _norm_leaf(node: Node) -> NormLeaf | None:
     source = node.args[0] if node.target is operator.getitem and node.args[1] == 0 else None
     if getattr(source, "target", None) == RMS_NORM:
         x, gamma = source.args[:2]
-        eps = source.args[2] if len(source.args) > 2 else source.kwargs.get("epsilon", 1e-6)
+        eps = arg(source, 2, 1e-6, "epsilon")
         return NormLeaf(node, x, None if _is_ones(gamma) else gamma, eps) if val(gamma).dim() == 1 else None
     try:
         norm = parse_norm(node)

@@ -22,8 +22,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import RESHAPES, UNIT_DIMS, strip, val
 
 NAME = "fuse_kda_step"
 INFERENCE_ONLY = True
@@ -31,8 +32,7 @@ PATTERN = "S' = S·exp(g) + k ⊗ beta(v − k·S·exp(g)); o = q·S'"
 
 aten = torch.ops.aten
 Node = torch.fx.Node
-RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-            aten.squeeze.dim, aten.squeeze.dims}
+ROW_MAJOR = RESHAPES | UNIT_DIMS
 
 
 def _shape(node: object) -> tuple[int, ...] | None:
@@ -42,9 +42,7 @@ def _shape(node: object) -> tuple[int, ...] | None:
 
 def _unviewed(node: object) -> object:
     """The tensor a chain of row-major reshapes starts from."""
-    while isinstance(node, Node) and node.target in RESHAPES:
-        node = node.args[0]
-    return node
+    return strip(node, ROW_MAJOR)
 
 
 def _operands(node: object, target: object) -> list[tuple[object, object]]:
@@ -91,7 +89,7 @@ def _correction(delta: object, k: Node, decayed: Node) -> tuple[Node, Node, Node
 
 def _output_product(new_state: Node) -> Node:
     """The bmm reading q'·S' (a view of the new state as its second operand)."""
-    found = [user for view in new_state.users if view.target in RESHAPES for user in view.users
+    found = [user for view in new_state.users if view.target in ROW_MAJOR for user in view.users
              if user.target == aten.bmm.default and user.args[1] is view]
     if len(found) != 1:
         raise NoMatch(f"the new state is read by {len(found)} output products q·S' (one expected)")

@@ -20,9 +20,11 @@ import torch.fx
 import torch.utils._sympy.functions as sympy_functions
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten, materialize, size_arg
-from npu_graph.passes.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
-from npu_graph.passes.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts, val
+from npu_graph.passes.matching.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten
+from npu_graph.passes.matching.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
+from npu_graph.passes.matching.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts
+from npu_graph.passes.matching.materialize import materialize, size_arg
+from npu_graph.passes.matching.values import arg, val
 
 NAME = "fuse_lightning_indexer"
 INFERENCE_ONLY = True
@@ -115,8 +117,7 @@ def static_count(count: object) -> int | None:
 def match(topk: torch.fx.Node) -> IndexerMatch:
     x, count_arg = topk.args[0], topk.args[1]
     count = static_count(count_arg)
-    dim = topk.args[2] if len(topk.args) > 2 else -1
-    largest = topk.args[3] if len(topk.args) > 3 else True
+    dim, largest = arg(topk, 2, -1), arg(topk, 3, True)
     score, mask = peel_mask(x)
     tracer = Tracer()
     traced = tracer.trace(score)

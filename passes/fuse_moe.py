@@ -34,8 +34,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.match_util import NoMatch, near_miss, peel_mask, strip_casts, topk_parts, val
-from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.match_util import NoMatch, near_miss, peel_mask, topk_parts
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.values import strip_casts, val
 
 NAME = "fuse_moe"
 INFERENCE_ONLY = True

@@ -28,9 +28,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import dim_arg, fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import arg, same_size, val
 
 NAME = "fuse_rms_norm"
 INFERENCE_ONLY = True
@@ -115,7 +115,7 @@ def _mean_of_squares(s: Node) -> tuple[Node, float]:
     if not isinstance(eps, (int, float)):
         raise NoMatch("eps is a run-time tensor (a float made symbolic by dynamic=True?); the op takes a constant")
     rank = val(base).dim()
-    keepdim = s.args[2] if len(s.args) > 2 else s.kwargs.get("keepdim", False)
+    keepdim = arg(s, 2, False, "keepdim")
     if len(s.args[1]) != 1 or s.args[1][0] % rank != rank - 1 or not keepdim:
         raise NoMatch("the mean of squares is not over the last dim with keepdim=True")
     if eps < 0:

@@ -27,9 +27,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.axis_trace import same_size
-from npu_graph.passes.fusion_graph import fuse_each
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, same_size, val
 
 NAME = "fuse_rope"
 INFERENCE_ONLY = True
@@ -39,7 +39,6 @@ RANK = 4
 
 aten = torch.ops.aten
 Node = torch.fx.Node
-VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 INT_MAX = 2 ** 63 - 1
 
 
@@ -56,23 +55,19 @@ class Rotation:
     full_width: bool       # cos/sin already cover all D values (rotate_half form)
 
 
-def _last_dim(dim: object, rank: int) -> bool:
-    return isinstance(dim, int) and dim % rank == rank - 1
-
-
 def _assembly(node: object) -> tuple[str, Node, Node] | None:
     """(mode, a, b) when node is cat([a, b], -1) ("half") or stack([a, b], -1) merged into the last dim."""
     if not isinstance(node, Node) or node.op != "call_function":
         return None
     if node.target == aten.cat.default and len(node.args[0]) == 2:
         rank = val(node).dim()
-        if _last_dim(node.args[1] if len(node.args) > 1 else 0, rank):
+        if is_last_dim(arg(node, 1, 0), rank):
             return "half", *node.args[0]
     stack = _viewed_stack(node)
     if stack is not None:
         sv, nv = val(stack), val(node)
-        last = stack.args[1] if len(stack.args) > 1 else 0
-        if len(stack.args[0]) == 2 and _last_dim(last, sv.dim()) and nv.dim() == sv.dim() - 1 \
+        last = arg(stack, 1, 0)
+        if len(stack.args[0]) == 2 and is_last_dim(last, sv.dim()) and nv.dim() == sv.dim() - 1 \
                 and all(same_size(a, b) for a, b in zip(nv.shape[:-1], sv.shape[:-2])):
             return "interleave", *stack.args[0]
     return None
@@ -81,10 +76,10 @@ def _assembly(node: object) -> tuple[str, Node, Node] | None:
 def _viewed_stack(node: Node) -> Node | None:
     """The stack node that `node` views through a chain of views used by nothing else (other passes may
     have reshaped the flattened result in steps)."""
-    if node.target not in VIEWS:
+    if node.target not in RESHAPES:
         return None
     source = node.args[0]
-    while isinstance(source, Node) and source.target in VIEWS and len(source.users) == 1:
+    while isinstance(source, Node) and source.target in RESHAPES and len(source.users) == 1:
         source = source.args[0]
     return source if isinstance(source, Node) and source.target == aten.stack.default else None
 
@@ -103,8 +98,7 @@ def _halves_source(x1: Node, x2: Node) -> tuple[Node, str] | None:
     if x1.target is operator.getitem and x2.target is operator.getitem and x1.args[0] is x2.args[0]:
         split = x1.args[0]
         if split.target in (aten.split.Tensor, aten.split_with_sizes.default) and (x1.args[1], x2.args[1]) == (0, 1) \
-                and len(split.users) == 2 and _last_dim(split.args[2] if len(split.args) > 2 else 0,
-                                                        val(split.args[0]).dim()) \
+                and len(split.users) == 2 and is_last_dim(arg(split, 2, 0), val(split.args[0]).dim()) \
                 and same_size(val(x1).shape[-1] * 2, val(split.args[0]).shape[-1]):
             return split.args[0], "half"
     s1, s2 = _slice(x1), _slice(x2)
@@ -112,7 +106,7 @@ def _halves_source(x1: Node, x2: Node) -> tuple[Node, str] | None:
         return None
     source = s1[0]
     d = val(source).shape[-1]
-    if not _last_dim(s1[1], val(source).dim()):
+    if not is_last_dim(s1[1], val(source).dim()):
         return None
     if s1[4] == s2[4] == 2 and (s1[2], s2[2]) == (0, 1) and s1[3] >= d and s2[3] >= d:
         return source, "interleave"
@@ -272,4 +266,4 @@ def _fuse(node: Node, gm: torch.fx.GraphModule) -> str:
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.cat.default, *VIEWS, aten.add.Tensor}, lambda node: _fuse(node, gm), PATTERN_PAIRS)
+    return fuse_each(gm, {aten.cat.default, *RESHAPES, aten.add.Tensor}, lambda node: _fuse(node, gm), PATTERN_PAIRS)

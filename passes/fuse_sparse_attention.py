@@ -20,11 +20,19 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.attention_parts import Term, score_terms, softmax_parts, split_score_and_mask
-from npu_graph.passes.axis_trace import Axis, Expr, Tracer, flat, materialize, size_arg
-from npu_graph.passes.fusion_graph import causal_lengths_from_mask, dim_arg, fuse_each, int32_table, leaf_root_ids
-from npu_graph.passes.match_util import NoMatch, paged_read, strip_casts, val
-from npu_graph.passes.sparse_mask import VIEWS, is_sparse_mask, read_sparse_mask, strip_views
+from npu_graph.passes.matching.attention_parts import Term, score_terms, softmax_parts, split_score_and_mask
+from npu_graph.passes.matching.axis_trace import Axis, Expr, Tracer, flat
+from npu_graph.passes.matching.fusion_graph import (
+    causal_lengths_from_mask,
+    dim_arg,
+    fuse_each,
+    int32_table,
+    leaf_root_ids,
+)
+from npu_graph.passes.matching.match_util import NoMatch, paged_read
+from npu_graph.passes.matching.materialize import materialize, size_arg
+from npu_graph.passes.matching.sparse_mask import is_sparse_mask, read_sparse_mask
+from npu_graph.passes.matching.values import VIEWS_AND_CASTS, strip_casts, strip_views, val
 
 NAME = "fuse_sparse_attention"
 INFERENCE_ONLY = True
@@ -156,7 +164,7 @@ def _indexer_output(indices: torch.fx.Node) -> torch.fx.Node | None:
     while isinstance(node, torch.fx.Node):
         if "ascend_dsa_indexer" in node.meta:
             return node.meta["ascend_dsa_indexer"]
-        if node.target not in VIEWS and node.target != aten.select.int:
+        if node.target not in VIEWS_AND_CASTS and node.target != aten.select.int:
             return None
         node = node.args[0]
     return None

@@ -21,7 +21,7 @@ import torch.fx
 from npu_graph.cpu_gemm_profile import preferred_form
 from npu_graph.kernels.nz import nz_fractal
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.match_util import val
+from npu_graph.passes.matching.values import RESHAPES, UNIT_DIMS, val
 
 NAME = "layout_nz"
 INFERENCE_ONLY = True
@@ -31,10 +31,9 @@ aten = torch.ops.aten
 MATMULS = {aten.mm.default: (0, 1), aten.addmm.default: (1, 2), aten.bmm.default: (0, 1),
            aten.baddbmm.default: (1, 2), aten.linear.default: (1,),
            torch.ops.ascend_dsa.fused_moe.default: (1, 2)}
-VIEWS = {aten.t.default, aten.permute.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-         aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor,
-         aten.select.int, aten.split.Tensor, aten.split_with_sizes.default, aten.transpose.int,
-         aten.alias.default}
+VIEWS = RESHAPES | UNIT_DIMS | {aten.t.default, aten.permute.default, aten.transpose.int, aten.expand.default,
+                               aten.slice.Tensor, aten.select.int, aten.split.Tensor, aten.split_with_sizes.default,
+                               aten.alias.default}
 
 
 def _source_weight(node: object, params: set[torch.fx.Node]) -> torch.fx.Node | None:

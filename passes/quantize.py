@@ -19,8 +19,8 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.match_util import val
-from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.values import val
 from npu_graph.quant_policy import EXPECTED_ERROR, KV_TILE, MX_GROUP, indexer_entry, kv_entry, resolve_policy
 
 NAME = "quantize"

@@ -15,8 +15,8 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.match_util import val
-from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.values import val
 
 NAME = "short_depthwise_conv"
 INFERENCE_ONLY = False

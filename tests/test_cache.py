@@ -121,14 +121,14 @@ def test_source_digest_follows_every_source_file_wherever_installed(tmp_path):
 
 def test_source_digest_covers_the_helpers_lowering_runtime_and_kernels_of_the_real_package(monkeypatch):
     names = {name for name, _ in cache_key.source_files(cache_key.package_roots())}
-    for helper in ("npu_graph.passes/axis_trace.py", "npu_graph.passes/match_util.py", "npu_graph/hoist.py",
-                   "npu_graph/runtime.py", "npu_graph/targets/cpu.py", "npu_graph.kernels/rms_norm.py",
-                   "npu_graph.kernels/native/rms_norm.c"):
+    for helper in ("npu_graph.passes/matching/axis_trace.py", "npu_graph.passes/matching/match_util.py",
+                   "npu_graph/hoist.py", "npu_graph/runtime.py", "npu_graph/targets/cpu.py",
+                   "npu_graph.kernels/rms_norm.py", "npu_graph.kernels/native/rms_norm.c"):
         assert helper in names, helper
     assert not any(name.startswith("npu_graph/tools/") or "__pycache__" in name for name in names)
     base = cache_key.source_digest_of(cache_key.package_roots())
     edited = next(path for name, path in cache_key.source_files(cache_key.package_roots())
-                  if name == "npu_graph.passes/axis_trace.py")
+                  if name == "npu_graph.passes/matching/axis_trace.py")
     real_read = type(edited).read_bytes
     monkeypatch.setattr(type(edited), "read_bytes",
                         lambda self: real_read(self) + (b"# edited" if self == edited else b""))

@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from npu_graph.pass_api import PassContext
 from npu_graph.passes import conv_channels_last
-from npu_graph.passes.match_util import val
+from npu_graph.passes.matching.values import val
 
 CONV = "aten.convolution.default"
 

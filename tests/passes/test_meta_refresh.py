@@ -5,7 +5,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from npu_graph.passes.meta_refresh import _value_signature, meta_snapshot, refresh_meta
+from npu_graph.passes.matching.meta_refresh import _value_signature, meta_snapshot, refresh_meta
 
 aten = torch.ops.aten
 

@@ -10,9 +10,10 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassResult
-from npu_graph.passes.axis_trace import TraceError, Tracer, flat
-from npu_graph.passes.match_util import NoMatch, near_miss, strip_casts, val
-from npu_graph.passes.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.axis_trace import TraceError, Tracer, flat
+from npu_graph.passes.matching.match_util import NoMatch, near_miss
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.values import strip_casts, val
 
 
 def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:

@@ -1,18 +1,16 @@
-"""Small helpers shared by the fusion passes: masks in their usual forms, casts to see through, paged cache
-reads, scalar constants, and the near-miss record."""
+"""What a failed or partial match says, and the small structures fusion passes read: masks in their usual
+forms, the parts of a top-k, paged cache reads, and the near-miss record."""
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.fx
 
-from npu_graph.passes.axis_trace import is_neg_inf
+from npu_graph.passes.matching.values import is_neg_inf, val
 
 aten = torch.ops.aten
-CASTS = {aten._to_copy.default, aten.clone.default, aten.alias.default}
 
 
 class NoMatch(Exception):
@@ -29,17 +27,6 @@ class Mask:
 
     kind: str  # "visible" | "invisible" | "additive"
     tensor: torch.fx.Node
-
-
-def val(node: Any) -> torch.Tensor | None:
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
-def strip_casts(node: Any) -> Any:
-    while isinstance(node, torch.fx.Node) and node.target in CASTS:
-        node = node.args[0]
-    return node
 
 
 def peel_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, Mask | None]:

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from npu_graph.passes.axis_trace import is_neg_inf
-from npu_graph.passes.match_util import NoMatch, val
+from npu_graph.passes.matching.match_util import NoMatch
+from npu_graph.passes.matching.values import is_last_dim, is_neg_inf, is_zero, strip_views, val
 
 aten = torch.ops.aten
-VIEWS = {aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten.squeeze.dim, aten.expand.default,
-         aten._to_copy.default, aten.clone.default}
 _AND = {aten.bitwise_and.Tensor, aten.logical_and.default}
 _NOT = {aten.bitwise_not.default, aten.logical_not.default}
 
@@ -31,25 +29,13 @@ class SparseMask:
     causal_kind: str  # "visible" (bool) | "additive" (float)
 
 
-def strip_views(node: object) -> object:
-    while isinstance(node, torch.fx.Node) and node.target in VIEWS:
-        node = node.args[0]
-    return node
-
-
-def _is_zero(value: object) -> bool:
-    if isinstance(value, torch.fx.Node) and value.target == aten.scalar_tensor.default:
-        value = value.args[0]
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
-
 def _last_dim_scatter(node: object, fill: object, base_test) -> torch.fx.Node | None:
     """The index node of `base.scatter(-1, idx, fill)` when `base_test(base)` holds."""
     node = strip_views(node)
     if not isinstance(node, torch.fx.Node) or node.target != aten.scatter.value:
         return None
     base, dim, index, value = node.args[:4]
-    if dim not in (-1, val(node).dim() - 1) or value != fill or not base_test(base):
+    if not is_last_dim(dim, val(node).dim()) or value != fill or not base_test(base):
         return None
     return index
 
@@ -108,7 +94,7 @@ def read_sparse_mask(additive: torch.fx.Node) -> SparseMask:
     mask = strip_views(additive)
     if not isinstance(mask, torch.fx.Node):
         raise NoMatch("the mask is not a tensor", near=False)
-    if mask.target == aten.where.self and _is_zero(mask.args[1]) and is_neg_inf(mask.args[2]):
+    if mask.target == aten.where.self and is_zero(mask.args[1]) and is_neg_inf(mask.args[2]):
         return _read_where(mask)
     if mask.target == aten.masked_fill.Scalar and is_neg_inf(mask.args[2]):
         return _read_masked_fill(mask)

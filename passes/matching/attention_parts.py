@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from npu_graph.passes.axis_trace import Axis, Expr, Tracer, as_leaf, flat, softmax_of
-from npu_graph.passes.fusion_graph import leaf_root_ids
-from npu_graph.passes.match_util import NoMatch
+from npu_graph.passes.matching.axis_trace import Axis, Expr, Tracer, as_leaf, flat, softmax_of
+from npu_graph.passes.matching.fusion_graph import leaf_root_ids
+from npu_graph.passes.matching.match_util import NoMatch
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from npu_graph.cost_model import is_free
-from npu_graph.passes.stream_schedule import schedule
+from npu_graph.passes.streams.schedule import schedule
 
 
 def _computing(node: torch.fx.Node) -> torch.fx.Node:

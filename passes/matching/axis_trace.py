@@ -4,18 +4,18 @@ as the einsum-like expression it computes, whatever way the model wrote it (eins
 Every dimension of a traced value is a tuple of atomic axes (merged dims list several; size-1 dims list
 none). Leaves are the first nodes the tracer cannot see through; each leaf dim gets a fresh axis. A fusion
 pass then asks structural questions ("which axis is contracted between q and k?") instead of matching one
-exact op sequence, and rebuilds its inputs from leaves with `materialize`.
+exact op sequence, and rebuilds its inputs from leaves with `materialize` (materialize.py).
 """
 from __future__ import annotations
 
 import itertools
 import math
-import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from npu_graph.passes.matching.values import CASTS, RESHAPES, UNIT_DIMS, arg, is_neg_inf, same_size
 
 aten = torch.ops.aten
 _ids = itertools.count()
@@ -83,10 +83,6 @@ class Value:
     expr: Expr
 
 
-def same_size(a: object, b: object) -> bool:
-    return statically_known_true(a == b) if not (isinstance(a, int) and isinstance(b, int)) else a == b
-
-
 def _shape(node: torch.fx.Node) -> list[object]:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
@@ -98,9 +94,7 @@ def dim_size(dim: Dim) -> object:
     return math.prod([a.size for a in dim]) if dim else 1
 
 
-_TRANSPARENT = {aten._to_copy.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
-                aten.lift_fresh_copy.default}
-_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+_TRANSPARENT = CASTS | {aten.contiguous.default, aten.lift_fresh_copy.default}
 
 
 class Tracer:
@@ -200,14 +194,6 @@ def _masked(t: Tracer, node: torch.fx.Node) -> Value:
     return Value(src.dims, Expr("masked", node=node, factors=(src.expr,)))
 
 
-def is_neg_inf(value: object) -> bool:
-    if isinstance(value, torch.fx.Node):
-        fill_arg = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
-                    aten.scalar_tensor.default: 0}
-        return value.target in fill_arg and is_neg_inf(value.args[fill_arg[value.target]])
-    return isinstance(value, (int, float)) and value <= -1e30
-
-
 def _expand(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
     shape = _shape(node)
@@ -287,6 +273,14 @@ def _bmm(t: Tracer, node: torch.fx.Node) -> Value:
     return _contract("matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]], set(flat(contracted)))
 
 
+def _broadcast_dims(a: Value, b: Value) -> list[Dim]:
+    """The dims of an elementwise op on `a` and `b`: aligned from the right, each pair unified."""
+    rank = max(len(a.dims), len(b.dims))
+    da = [()] * (rank - len(a.dims)) + list(a.dims)
+    db = [()] * (rank - len(b.dims)) + list(b.dims)
+    return [unify_dim(p, q) for p, q in zip(da, db)]
+
+
 def _mul(t: Tracer, node: torch.fx.Node) -> Value:
     x, y = node.args[0], node.args[1]
     if not isinstance(y, torch.fx.Node) or not isinstance(x, torch.fx.Node):
@@ -300,10 +294,7 @@ def _mul(t: Tracer, node: torch.fx.Node) -> Value:
     if node.target == aten.div.Tensor:
         raise TraceError("division by a tensor")
     a, b = t.trace(x), t.trace(y)
-    rank = max(len(a.dims), len(b.dims))
-    da = [()] * (rank - len(a.dims)) + list(a.dims)
-    db = [()] * (rank - len(b.dims)) + list(b.dims)
-    return _contract("mul", node, [a, b], [unify_dim(p, q) for p, q in zip(da, db)], set())
+    return _contract("mul", node, [a, b], _broadcast_dims(a, b), set())
 
 
 def _add(t: Tracer, node: torch.fx.Node) -> Value:
@@ -311,18 +302,14 @@ def _add(t: Tracer, node: torch.fx.Node) -> Value:
     if not (isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node)) or node.kwargs.get("alpha", 1) != 1:
         raise TraceError("add of a constant or with alpha")
     a, b = t.trace(x), t.trace(y)
-    rank = max(len(a.dims), len(b.dims))
-    da = [()] * (rank - len(a.dims)) + list(a.dims)
-    db = [()] * (rank - len(b.dims)) + list(b.dims)
-    dims = [unify_dim(p, q) for p, q in zip(da, db)]
-    return Value(dims, Expr("add", node=node, factors=(a.expr, b.expr)))
+    return Value(_broadcast_dims(a, b), Expr("add", node=node, factors=(a.expr, b.expr)))
 
 
 def _sum(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
-    dims = node.args[1] if len(node.args) > 1 else list(range(len(src.dims)))
+    dims = arg(node, 1, list(range(len(src.dims))))
     dims = {d % len(src.dims) for d in ([dims] if isinstance(dims, int) else dims)}
-    keep = len(node.args) > 2 and node.args[2]
+    keep = arg(node, 2, False)
     reduced = {a for i in dims for a in flat(src.dims[i])}
     out = [(() if i in dims else d) for i, d in enumerate(src.dims) if keep or i not in dims]
     return Value(out, Expr("sum", node=node, factors=(src.expr,), reduced=frozenset(reduced)))
@@ -342,15 +329,12 @@ def _softmax(t: Tracer, node: torch.fx.Node) -> Value:
 
 
 _HANDLERS = {
-    **dict.fromkeys(_VIEWS, _view),
+    **dict.fromkeys(RESHAPES, _view),
     **dict.fromkeys(_TRANSPARENT, _passthrough),
     aten.permute.default: _permute,
     aten.transpose.int: _transpose,
     aten.t.default: _transpose,
-    aten.unsqueeze.default: _unsqueeze_or_squeeze,
-    aten.squeeze.dim: _unsqueeze_or_squeeze,
-    aten.squeeze.dims: _unsqueeze_or_squeeze,
-    aten.squeeze.default: _unsqueeze_or_squeeze,
+    **dict.fromkeys(UNIT_DIMS, _unsqueeze_or_squeeze),
     aten.expand.default: _expand,
     aten.select.int: _select,
     aten.masked_fill.Scalar: _masked,
@@ -410,45 +394,3 @@ def as_leaf(tracer: Tracer, expr: Expr) -> Expr:
     if expr.node not in tracer.leaf_dims:
         tracer.leaf_dims[expr.node] = tracer.memo[expr.node].dims
     return Expr("leaf", node=expr.node)
-
-
-def size_arg(graph: torch.fx.Graph, axes: tuple[Axis, ...] | list[Axis]) -> object:
-    """The size of merged axes as a graph argument: an int, or nodes reading symbolic sizes at run time."""
-    static, symbolic = 1, []
-    for axis in axes:
-        if isinstance(axis.size, int):
-            static *= axis.size
-            continue
-        if axis.source is None:
-            raise TraceError("symbolic size without a source tensor")
-        symbolic.append(graph.call_function(aten.sym_size.int, axis.source))
-    result: object = static
-    for node in symbolic:
-        result = node if result == 1 else graph.call_function(operator.mul, (result, node))
-    return result
-
-
-def materialize(graph: torch.fx.Graph, leaf: torch.fx.Node, leaf_dims: list[Dim], want: list[Dim]
-                ) -> torch.fx.Node:
-    """Emit nodes that lay out `leaf` as the dims `want` (each a tuple of the leaf's atomic axes; axes the
-    leaf lacks become size-1 dims that are expanded). Call inside `graph.inserting_before(...)`."""
-    roots = [a for d in leaf_dims for a in flat(d)]
-    wanted = [a for d in want for a in flat(d) if a in roots]
-    if sorted(map(id, wanted)) != sorted(map(id, roots)) or len(set(map(id, roots))) != len(roots):
-        raise TraceError("layout does not use every axis of the leaf exactly once")
-    node = graph.call_function(aten.reshape.default, (leaf, [size_arg(graph, [a]) for a in roots]))
-    order = [roots.index(a) for a in wanted]
-    if order != sorted(order):
-        node = graph.call_function(aten.permute.default, (node, order))
-    shape = [size_arg(graph, [a for a in flat(d) if a in roots]) for d in want]
-    node = graph.call_function(aten.reshape.default, (node, shape))
-    if any(a not in roots for d in want for a in flat(d)):
-        full = [size_arg(graph, [_sourced(a) for a in flat(d)]) for d in want]
-        node = graph.call_function(aten.expand.default, (node, full))
-    return node
-
-
-def _sourced(axis: Axis) -> Axis:
-    """An axis with a size source: the axis itself, or the real axis it was unified with."""
-    root = find(axis)
-    return axis if axis.source is not None or isinstance(axis.size, int) else root

@@ -1,0 +1,80 @@
+"""What a matcher asks about one node: its fake value, its arguments, constants it holds (zero, -inf), sizes
+and dims, and the op sets it may step through (reshapes, unit dims, casts). One copy for every pass."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+
+RESHAPES = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
+UNIT_DIMS = frozenset({aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default})
+CASTS = frozenset({aten._to_copy.default, aten.clone.default, aten.alias.default})
+# Ops that keep every element's value and order (a row-major reshape, a unit dim, a broadcast or a copy):
+# what a mask or a routing tensor may pass through on its way to the op that reads it.
+VIEWS_AND_CASTS = RESHAPES | UNIT_DIMS | CASTS | {aten.expand.default}
+_FILL_ARG = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
+_ZEROS = {aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default}
+
+
+def val(node: Any) -> torch.Tensor | None:
+    """The node's fake tensor, or None (not a node, no value, or not a tensor)."""
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def arg(node: torch.fx.Node, index: int, default: Any = None, name: str | None = None) -> Any:
+    """The node's argument at `index`, else its keyword argument `name` (when given), else `default`."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default) if name is not None else default
+
+
+def strip(node: Any, ops: frozenset | set) -> Any:
+    """The first node below `node` (following first arguments) whose op is not in `ops`."""
+    while isinstance(node, torch.fx.Node) and node.target in ops:
+        node = node.args[0]
+    return node
+
+
+def strip_casts(node: Any) -> Any:
+    return strip(node, CASTS)
+
+
+def strip_views(node: Any) -> Any:
+    return strip(node, VIEWS_AND_CASTS)
+
+
+def scalar(value: object) -> float | None:
+    """A Python number as a float (bools are not numbers here), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def is_zero(value: object) -> bool:
+    """0, or a node that is all zeros (zeros, zeros_like, new_zeros, full(0), scalar_tensor(0), ...)."""
+    if not isinstance(value, torch.fx.Node):
+        return scalar(value) == 0
+    if value.target in _ZEROS:
+        return True
+    fill = _FILL_ARG.get(value.target)
+    return fill is not None and scalar(value.args[fill]) == 0
+
+
+def is_neg_inf(value: object) -> bool:
+    """-inf (or a float at most -1e30, the masked value models use), or a node filled with it."""
+    if isinstance(value, torch.fx.Node):
+        return value.target in _FILL_ARG and is_neg_inf(value.args[_FILL_ARG[value.target]])
+    return isinstance(value, (int, float)) and value <= -1e30
+
+
+def is_last_dim(dim: object, rank: int) -> bool:
+    """Is `dim` (negative or not) the last dim of a tensor of rank `rank`?"""
+    return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
+
+
+def same_size(a: object, b: object) -> bool:
+    """Sizes known equal (ints, or symbolic sizes equal without adding a guard)."""
+    return statically_known_true(a == b) if not (isinstance(a, int) and isinstance(b, int)) else a == b
