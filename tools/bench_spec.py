@@ -5,15 +5,15 @@ npu_graph.training.mtp_head); both are trained first when absent. Prompts are he
 compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
 head's drafts (checkpoint rollback; eager also replay) and with oracle drafts (the plain greedy tokens: every
 draft accepted, the speed a perfect draft head would reach at this verify cost). Tokens/s count decoded tokens
-only (the prefill is left out); every run is timed after a warm-up run (which compiles, and lets kernels/dispatch.py
-measure its choices).
+only (the prefill is left out), medians of runs that alternate plain and speculative decoding (a shared machine's
+load then shifts both alike), after a warm-up run (which compiles, and lets kernels/dispatch.py measure its choices).
 Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback) and
 whether the tokens equal plain greedy decoding's.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import statistics
 import time
 from typing import Any
 
@@ -64,60 +64,60 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-@dataclasses.dataclass
-class Plain:
-    """Plain greedy decoding's tokens (steps + max(KS) per prompt) and decode rate."""
-    truth: torch.Tensor
-    tokens_per_s: float
+def decode_seconds(decoder: Decoder, call: Any, *args: Any) -> tuple[Any, float]:
+    """(the call's result, its wall time without the prefill)."""
+    out, seconds = _timed(call, *args)
+    return out, seconds - decoder.prefill_s
 
 
-def plain_run(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool) -> Plain:
-    plain = Decoder(model, compiled=compiled, options=OPTIONS)
-    plain.greedy(prompts, 3)
-    truth, seconds = _timed(plain.greedy, prompts, steps + max(KS))
-    decoded = prompts.shape[0] * (steps + max(KS) - 1)
-    return Plain(truth, decoded / (seconds - plain.prefill_s))
-
-
-def spec_row(decoder: Decoder, prompts: torch.Tensor, steps: int, k: int, rollback: str, plain: Plain
-             ) -> dict[str, Any]:
+def spec_row(plain: Decoder, decoder: Decoder, prompts: torch.Tensor, steps: int, k: int, rollback: str,
+             truth: torch.Tensor, repeat: int) -> dict[str, Any]:
+    """One row: speculative and plain decoding timed alternately `repeat` times, medians of the decode times."""
     decoder.speculative(prompts, 2 * (k + 2), k, rollback)      # two rounds or more: every graph of this k
-    (out, stats), seconds = _timed(decoder.speculative, prompts, steps, k, rollback)
-    rounds = max(stats.rounds, 1)
-    rate = prompts.shape[0] * (steps - 1) / (seconds - decoder.prefill_s)
+    plain_s, spec_s = [], []
+    for _ in range(repeat):
+        plain_s.append(decode_seconds(plain, plain.greedy, prompts, steps)[1])
+        (out, stats), seconds = decode_seconds(decoder, decoder.speculative, prompts, steps, k, rollback)
+        spec_s.append(seconds)
+    decoded, rounds = prompts.shape[0] * (steps - 1), max(stats.rounds, 1)
+    plain_rate, spec_rate = decoded / statistics.median(plain_s), decoded / statistics.median(spec_s)
     return {"k": k, "compiled": decoder.backend is not None, "rollback": rollback,
             "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-            "tokens_per_s_plain": plain.tokens_per_s, "tokens_per_s_spec": rate,
-            "speedup": rate / plain.tokens_per_s, "identical": bool(torch.equal(out, plain.truth[:, :steps])),
-            "draft_ms": 1e3 * stats.draft_s / rounds, "verify_ms": 1e3 * stats.verify_s / rounds,
-            "rollback_ms": 1e3 * stats.rollback_s / rounds}
+            "tokens_per_s_plain": plain_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / plain_rate,
+            "identical": bool(torch.equal(out, truth[:, :steps])), "draft_ms": 1e3 * stats.draft_s / rounds,
+            "verify_ms": 1e3 * stats.verify_s / rounds, "rollback_ms": 1e3 * stats.rollback_s / rounds}
 
 
-def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool) -> list[dict[str, Any]]:
-    """Speculative rows of one mode (eager or compiled) against its plain greedy decoding."""
-    plain = plain_run(model, prompts, steps, compiled)
+def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool, repeat: int
+             ) -> list[dict[str, Any]]:
+    """Speculative rows of one mode (eager or compiled), each against plain greedy decoding timed beside it."""
+    plain = Decoder(model, compiled=compiled, options=OPTIONS)
+    plain.greedy(prompts, 3)                                    # compiles the prefill and the decode step
+    truth = plain.greedy(prompts, steps + max(KS))
     rows = []
     for k in KS:
         for drafts, rollback in (("mtp", "checkpoint"), ("mtp", "replay"), ("oracle", "checkpoint")):
             if compiled and rollback == "replay":
                 continue
-            decoder = (OracleDecoder(model, plain.truth, prompts.shape[1], compiled=compiled, options=OPTIONS)
+            decoder = (OracleDecoder(model, truth, prompts.shape[1], compiled=compiled, options=OPTIONS)
                        if drafts == "oracle" else Decoder(model, compiled=compiled, options=OPTIONS))
-            rows.append({**spec_row(decoder, prompts, steps, k, rollback, plain), "drafts": drafts})
+            rows.append({**spec_row(plain, decoder, prompts, steps, k, rollback, truth, repeat), "drafts": drafts})
     return rows
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    batch, prompt_len, steps = (4, 64, 24) if args.quick else (8, 256, 128)
+    batch, prompt_len, steps = (4, 64, 32) if args.quick else (8, 256, 128)
+    repeat = args.repeat or 3
     model, source = load_model()
     prompts = heldout_prompts(batch, prompt_len)
     rows = []
     for compiled in (False, True):
         with progress.step(f"{'compiled' if compiled else 'eager'} plain and speculative decoding", "bench spec"):
-            rows += rows_for(model, prompts, steps, compiled)
+            rows += rows_for(model, prompts, steps, compiled, repeat)
     notes = [f"model: {source}; {batch} held-out prompts of {prompt_len} bytes, {steps} new tokens each, fp32",
              "drafts=mtp: the MTP head's drafts; drafts=oracle: plain greedy's tokens as drafts (all accepted), "
              "the speed a perfect draft head would reach with this verify cost",
-             "tokens/s count decoded tokens (prefill subtracted); draft/verify/rollback ms are per round",
+             f"tokens/s count decoded tokens (prefill left out), medians of {repeat} runs alternating plain and "
+             "speculative decoding; draft/verify/rollback ms are per round",
              "identical: the tokens equal plain greedy decoding's; timings on a shared machine are noisy"]
     return {"suite": "spec", "rows": rows, "notes": notes}
