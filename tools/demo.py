@@ -1,8 +1,9 @@
 """`ascend-dsa demo`: compile the reference model on CPU, run prefill and greedy decode eagerly and
 compiled, and show what the compiler did (passes, node counts, fused ops, errors, latency, cache, dump).
 
-By default the model is the trained checkpoint (`--config stdlib`; a one-minute one is trained first when
-`ascend-dsa train` has not made one), prompted with held-out text, and the demo also shows its continuations
+By default the model is the trained checkpoint (`--config stdlib`; when `ascend-dsa train` has not made one, a
+one-minute one is trained in a child process while the demo compiles its graphs, npu_graph.training.background),
+prompted with held-out text, and the demo also shows its continuations
 eager vs compiled vs quant="dsa" (tools/demo_text.py); other configs and `--random-weights` run a seeded random
 model on a random prompt.
 
@@ -31,7 +32,9 @@ from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.report import GraphReport
 from npu_graph.tools import demo_text, trained_accuracy
 from npu_graph.tools.html_report import write_html_report
-from npu_graph.training.loop import trained_model
+from npu_graph.training import background
+from npu_graph.training.background import BackgroundTraining
+from npu_graph.training.checkpoint import CheckpointError
 
 PREFILL_ROUNDS = 3  # warm prefills of each model, alternated, for the compiled-vs-eager prefill time
 TRAINED_CONFIG = "stdlib"   # the config the demo runs as a trained checkpoint (npu_graph.training)
@@ -159,12 +162,16 @@ def print_results(console: Console, results: dict[str, Any], reports: list[Graph
                   soft_wrap=True)
 
 
-def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor, steps: int) -> SideBySide:
+def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor, steps: int,
+                      compiled_already: bool) -> SideBySide:
     runner = SideBySide(models, ids, {name: model.new_cache(1) for name in models})
-    with progress.step("prefill, eager then compiled (the first compiled call compiles the prefill graph)",
-                       "demo"):
+
+    def compiles(what: str) -> str:
+        return "" if compiled_already else f" (the first compiled call compiles the {what} graph)"
+
+    with progress.step(f"prefill, eager then compiled{compiles('prefill')}", "demo"):
         runner.step()
-    with progress.step("first decode step (compiles the decode graph)", "demo"):
+    with progress.step(f"first decode step{compiles('decode')}", "demo"):
         runner.step()
     if steps > 1:
         with progress.step(f"{steps - 1} more decode steps", "demo"):
@@ -173,16 +180,32 @@ def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor
     return runner
 
 
-def _model_and_prompts(args: argparse.Namespace, config: HybridConfig) -> tuple[HybridLM, torch.Tensor]:
-    """The trained checkpoint and held-out prompts [TEXT_PROMPTS, L] (config stdlib), else a seeded random model
-    and one random prompt."""
+def _model_and_prompts(args: argparse.Namespace, config: HybridConfig
+                       ) -> tuple[HybridLM, BackgroundTraining | None, torch.Tensor]:
+    """The trained checkpoint (or, when there is none, an untrained model of its config and the training that
+    will fill it in) and held-out prompts [TEXT_PROMPTS, L] (config stdlib), else a seeded random model and one
+    random prompt."""
     if args.config == TRAINED_CONFIG and not args.random_weights:
         prompts = trained_accuracy.heldout_data(TEXT_PROMPTS)[:, :-1]
         # contiguous: a row of a slice keeps the slice's row stride, which Dynamo guards on even for one row
-        return trained_model(TRAINED_CONFIG, quick=True), prompts[:, -args.prompt_len:].contiguous()
+        return *background.quick_model(TRAINED_CONFIG), prompts[:, -args.prompt_len:].contiguous()
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    return HybridLM(config).eval(), ids
+    return HybridLM(config).eval(), None, ids
+
+
+def _compile_while_training(training: BackgroundTraining, compiled: Any, quantized: Any, model: HybridLM,
+                            ids: torch.Tensor) -> float:
+    """The demo's graphs compiled on the untrained model while the checkpoint trains, then its weights loaded
+    into the model; returns the first compiled call's (prefill-compiling) milliseconds."""
+    with training:
+        with progress.step("compiling the demo's graphs while the checkpoint trains", "demo"):
+            seconds = demo_text.warm(compiled, model, ids)
+            if quantized is not None:
+                demo_text.warm(quantized, model, ids, torch.float8_e4m3fn)
+        with progress.step("loading the trained weights (waiting for the training to finish)", "demo"):
+            training.load_into(model)
+    return seconds * 1e3
 
 
 def _config_or_error(args: argparse.Namespace) -> HybridConfig | None:
@@ -205,20 +228,30 @@ def run_demo(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="ascend_dsa_demo_")
-    model, prompts = _model_and_prompts(args, config)
+    model, training, prompts = _model_and_prompts(args, config)
     ids = prompts[:1].clone()     # a tensor of its own, as each continuation's prompt is (demo_text)
     backend = npu_graph.get_backend({"dump_dir": dump_dir, "cache": not args.no_cache})
     before = len(backend.reports)
     models = {"eager": model, "compiled": torch.compile(model, backend=backend)}
-    runner = _run_side_by_side(models, model, ids, args.steps)
+    quantized = demo_text.quantized(model) if prompts.shape[0] > 1 else None
+    first_ms = None
+    if training is not None:
+        try:
+            first_ms = _compile_while_training(training, models["compiled"], quantized, model, ids)
+        except CheckpointError as exc:
+            print(f"ascend-dsa demo: error: {exc}", file=sys.stderr)
+            return 1
+    runner = _run_side_by_side(models, model, ids, args.steps, compiled_already=training is not None)
     with progress.step("prefill again, eager and compiled alternately (no compiling)", "demo"):
         prefill_ms = warm_prefill_ms(models, lambda: model.new_cache(1), ids)
     texts = None
-    if prompts.shape[0] > 1:
+    if quantized is not None:
         with progress.step("held-out prompts continued: eager, compiled, compiled with quant='dsa'", "demo"):
-            texts = demo_text.continuations(model, prompts, TEXT_STEPS, models["compiled"])
+            texts = demo_text.continuations(model, prompts, TEXT_STEPS, models["compiled"], quantized)
     reports = backend.reports[before:]
     results = results_of(runner.runs["eager"], runner.runs["compiled"], prefill_ms, reports, dump_dir)
+    if first_ms is not None:  # the graphs were compiled while the checkpoint trained
+        results["compiled_first_prefill_ms"] = first_ms
     results["html_report"] = write_html_report(dump_dir, os.path.join(dump_dir, "report.html"))
     results["text"] = demo_text.text_results(prompts, texts) if texts else None
     if args.json:

@@ -2,6 +2,7 @@
 with quant="dsa" (FP8 cache), shown as text so a person can judge what the compiler and the quantization keep."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -14,12 +15,30 @@ from npu_graph.tools.trained_accuracy import as_text
 PROMPT_TAIL = 40        # characters of each prompt shown before its continuation
 
 
-def continuations(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: Any) -> dict[str, torch.Tensor]:
+def quantized(model: HybridLM) -> Any:
+    """The model compiled with quant="dsa" (FP8 cache), as the demo shows it."""
+    return torch.compile(model, backend="ascend_dsa", options={"quant": "dsa", "cache": False})
+
+
+def warm(compiled: Any, model: HybridLM, prompt: torch.Tensor, kv_dtype: torch.dtype = torch.float32) -> float:
+    """Compile `compiled`'s graphs as a continuation uses them (prefill, first decode step, then the decode
+    graph every later step takes); returns the first (prefill-compiling) call's seconds."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        cache = model.new_cache(1, kv_dtype=kv_dtype)
+        token = compiled(prompt, cache)[:, -1:].argmax(-1)
+        seconds = time.perf_counter() - start
+        for _ in range(2):
+            token = compiled(token, cache)[:, -1:].argmax(-1)
+    return seconds
+
+
+def continuations(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: Any,
+                  quantized_model: Any) -> dict[str, torch.Tensor]:
     """Greedy continuations [P, steps] of `prompts` [P, L] by the eager model, `compiled` (the demo's compiled
-    model) and the model compiled with quant="dsa" on an FP8 cache."""
-    quantized = torch.compile(model, backend="ascend_dsa", options={"quant": "dsa", "cache": False})
+    model) and `quantized_model` (`quantized(model)`) on an FP8 cache."""
     runs = {"eager": (model, torch.float32), "ascend_dsa": (compiled, torch.float32),
-            "ascend_dsa quant=dsa": (quantized, torch.float8_e4m3fn)}
+            "ascend_dsa quant=dsa": (quantized_model, torch.float8_e4m3fn)}
     outputs = {}
     for name, (fn, kv_dtype) in runs.items():
         # one prompt at a time, each a tensor of its own: the demo's graphs were compiled for one sequence, and

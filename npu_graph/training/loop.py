@@ -139,20 +139,37 @@ def _keep_going(settings: TrainSettings, step: int, elapsed: float, budget_s: fl
     return elapsed < budget_s
 
 
-def trained_model(config: str = "stdlib", seed: int = 0, quick: bool = False) -> HybridLM:
-    """The checkpoint `ascend-dsa train` keeps for `config` and `seed`, trained first (with progress, default
-    settings) when it is absent or cannot be loaded: what `bench quant` runs on. With `quick` (the demo, which
-    must answer within minutes on a fresh machine), that checkpoint if it exists, else a QUICK_MINUTES one
-    kept beside it."""
+def checkpoint_paths(config: str, seed: int, quick: bool) -> list[Path]:
+    """Where `trained_model` looks, in order: the full checkpoint, and with `quick` the demo's beside it."""
     full = checkpoint.default_dir(config, seed)
-    paths = [full, full.with_name(full.name + "-quick")] if quick else [full]
+    return [full, full.with_name(full.name + "-quick")] if quick else [full]
+
+
+def load_first(paths: list[Path]) -> tuple[HybridLM | None, str]:
+    """The first checkpoint of `paths` that loads, else (None, why the last one did not)."""
+    reason = "no checkpoint path"
     for path in paths:
         try:
-            return HybridLM.from_pretrained(path)
+            return HybridLM.from_pretrained(path), ""
         except checkpoint.CheckpointError as e:
-            reason = e
-    minutes = QUICK_MINUTES if quick else TrainSettings.minutes
+            reason = str(e)
+    return None, reason
+
+
+def announce_training(reason: str, minutes: float, quick: bool) -> None:
     print(f"ascend-dsa: no usable trained checkpoint ({reason}); training one now ({minutes:g} minutes, once per "
           f"machine{'; `ascend-dsa train` makes the full one' if quick else ''})", file=sys.stderr, flush=True)
+
+
+def trained_model(config: str = "stdlib", seed: int = 0, quick: bool = False) -> HybridLM:
+    """The checkpoint `ascend-dsa train` keeps for `config` and `seed`, trained first (with progress, default
+    settings) when it is absent or cannot be loaded: what `bench quant` runs on. With `quick`, that checkpoint
+    if it exists, else a QUICK_MINUTES one kept beside it."""
+    paths = checkpoint_paths(config, seed, quick)
+    model, reason = load_first(paths)
+    if model is not None:
+        return model
+    minutes = QUICK_MINUTES if quick else TrainSettings.minutes
+    announce_training(reason, minutes, quick)
     train(TrainSettings(config=config, seed=seed, minutes=minutes), out=paths[-1])
     return HybridLM.from_pretrained(paths[-1])
