@@ -1,7 +1,8 @@
 """Context and expert parallelism beyond one card (CP×TP and EP on torch.distributed: gloo on CPU, HCCL on Ascend).
 
 - zigzag.py: the balanced causal layout (rank r holds chunks r and 2·cp − 1 − r of 2·cp).
-- groups.py: CP×TP process groups (TP inner, splits heads; CP splits the sequence).
+- groups.py: DP×CP×TP process groups (TP inner, splits heads; CP splits the sequence) and an EP group over any
+  of those dimensions.
 - cp_gather.py: all-gathers over a CP group and a rank's zigzag chunk bookkeeping.
 - cp_indexer.py, cp_attention.py: the DSA lightning indexer and sparse attention on zigzag slices.
 - cp_dsa.py: prefill of the reference model's DSA layer under CP×TP.
@@ -18,7 +19,7 @@ from npu_graph.parallel.cp_gather import gather_parts, gather_zigzag, zigzag_chu
 from npu_graph.parallel.cp_indexer import cp_lightning_indexer
 from npu_graph.parallel.ep_dispatch import moe_combine, moe_dispatch
 from npu_graph.parallel.ep_shard import EPLayer, shard_experts
-from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp
+from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp, init_parallel
 from npu_graph.parallel.kda_split import kda_split
 from npu_graph.parallel.launch import DistributedLaunchError, default_backend, launch
 from npu_graph.parallel.zigzag import zigzag_restore, zigzag_split
@@ -35,6 +36,7 @@ __all__ = [
     "gather_zigzag",
     "group_size_rank",
     "init_cp_tp",
+    "init_parallel",
     "kda_split",
     "launch",
     "moe_combine",

@@ -8,6 +8,7 @@ stay as they are (replicated). Rank r of an EP group of W keeps experts [r·E/W,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,7 @@ from torch import nn
 
 from npu_graph.models.moe import DeepSeekMoE
 from npu_graph.parallel.ep_layer import EPDeepSeekMoE, EPExperts
+from npu_graph.parallel.groups import ParallelGroups
 
 
 @dataclass(frozen=True)
@@ -27,22 +29,25 @@ class EPLayer:
 
 
 def _as_group(ep_group: object) -> dist.ProcessGroup:
-    """A ProcessGroup from a ProcessGroup or a one-dimensional DeviceMesh."""
+    """A ProcessGroup from a ProcessGroup, a DeviceMesh (several dimensions: their flattened product) or the
+    `ep_group` of ParallelGroups."""
     if not dist.is_initialized():
         raise RuntimeError("shard_experts: torch.distributed is not initialized; call init_process_group first "
                            "(or run under npu_graph.parallel.launch)")
+    if isinstance(ep_group, ParallelGroups):
+        if ep_group.ep_group is None:
+            raise ValueError(f"shard_experts: these ParallelGroups have no EP group (ep_dims={ep_group.ep_dims}, "
+                             f"size 1); pass init_parallel(..., ep_dims=...) naming dimensions of size > 1")
+        ep_group = ep_group.ep_group
     if hasattr(ep_group, "get_group") and hasattr(ep_group, "ndim"):
-        if ep_group.ndim != 1:
-            raise ValueError(f"shard_experts: pass one dimension of the DeviceMesh (mesh['ep']), not a "
-                             f"{ep_group.ndim}-D mesh")
-        ep_group = ep_group.get_group()
+        ep_group = (ep_group if ep_group.ndim == 1 else ep_group._flatten()).get_group()
     if ep_group is dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
                          f"EP group (new_group gave it NON_GROUP_MEMBER); call shard_experts with a group that "
                          f"contains it")
     if not isinstance(ep_group, dist.ProcessGroup):
-        raise TypeError(f"shard_experts: ep_group must be a torch.distributed ProcessGroup or a 1-D DeviceMesh, "
-                        f"got {type(ep_group).__name__}")
+        raise TypeError(f"shard_experts: ep_group must be a torch.distributed ProcessGroup, a DeviceMesh or "
+                        f"ParallelGroups, got {type(ep_group).__name__}")
     return ep_group
 
 
@@ -71,21 +76,21 @@ def _block(full: int, world: int, rank: int, name: str) -> slice:
     return slice(rank * local, (rank + 1) * local)
 
 
-def _shard_stacked(name: str, module: nn.Module, group: dist.ProcessGroup, quant_mode: int) -> EPExperts:
+def _shard_stacked(name: str, module: nn.Module, group: dist.ProcessGroup, **options: Any) -> EPExperts:
     _check_stacked(name, module)
     full = module.gate_up_proj.shape[0]
     part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
     return EPExperts(module.gate_up_proj.detach()[part].clone(), module.down_proj.detach()[part].clone(), full,
-                     group, quant_mode)
+                     group, **options)
 
 
-def _shard_reference(name: str, block: DeepSeekMoE, group: dist.ProcessGroup, quant_mode: int) -> EPDeepSeekMoE:
+def _shard_reference(name: str, block: DeepSeekMoE, group: dist.ProcessGroup, **options: Any) -> EPDeepSeekMoE:
     full = len(block.experts)
     part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
     kept = list(block.experts)[part]
     w13 = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in kept]).detach()
     w2 = torch.stack([e.down_proj.weight for e in kept]).detach()
-    return EPDeepSeekMoE(block, EPExperts(w13, w2, full, group, quant_mode))
+    return EPDeepSeekMoE(block, EPExperts(w13, w2, full, group, **options))
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -105,23 +110,29 @@ def _check_agreement(group: dist.ProcessGroup, layers: list[EPLayer]) -> None:
                              f"same model and the same group")
 
 
-def shard_experts(model: nn.Module, ep_group: object, *, quant_mode: int = 0) -> list[EPLayer]:
-    """Replace every MoE block's routed experts by this rank's share (in place; call on every rank of
-    `ep_group`, a ProcessGroup or a 1-D DeviceMesh). quant_mode=2 sends dispatched rows as int8 with per-row
-    scales. Returns the blocks made expert-parallel; raises ValueError when there are none."""
+def shard_experts(model: nn.Module, ep_group: object, *, quant_mode: int = 0,
+                  tp_group: dist.ProcessGroup | None = None) -> list[EPLayer]:
+    """Replace every MoE block's routed experts by this rank's share (in place; call on every rank of the EP
+    group). `ep_group`: a ProcessGroup, a DeviceMesh (a 1-D mesh, or several dimensions taken together) or
+    ParallelGroups from `init_parallel` (its EP group; its TP group becomes `tp_group`). `tp_group`: ranks that
+    hold the same tokens split them before dispatch and all-gather the outputs. quant_mode=2 sends dispatched rows
+    as int8 with per-row scales. Returns the blocks made expert-parallel; raises ValueError when there are none."""
+    if isinstance(ep_group, ParallelGroups) and tp_group is None:
+        tp_group = ep_group.tp_group
     group = _as_group(ep_group)
     if quant_mode not in (0, 2):
         raise ValueError(f"shard_experts: quant_mode={quant_mode} is not supported; use 0 (none) or 2 (dynamic "
                          f"per-token int8)")
+    options = {"quant_mode": quant_mode, "tp_group": tp_group}
     layers = []
     for name, module in list(model.named_modules()):
         if isinstance(module, (EPExperts, EPDeepSeekMoE)):
             raise ValueError(f"shard_experts: {name} is already expert-parallel; shard a fresh model")
         if isinstance(module, DeepSeekMoE):
-            new = _shard_reference(name, module, group, quant_mode)
+            new = _shard_reference(name, module, group, **options)
             ep = new.experts
         elif _is_stacked_experts(module):
-            new = ep = _shard_stacked(name, module, group, quant_mode)
+            new = ep = _shard_stacked(name, module, group, **options)
         else:
             continue
         _replace(model, name, new)

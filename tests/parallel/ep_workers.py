@@ -6,6 +6,7 @@ experts, and the parent test only compares numbers.
 """
 from __future__ import annotations
 
+import ep_mesh_workers
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -152,5 +153,6 @@ def die_in_dispatch() -> None:
 
 
 def op_checks(sizes: list[int]) -> dict:
-    """dispatch_checks(sizes) and error_checks() in one run."""
-    return {"dispatch": dispatch_checks(sizes), "errors": error_checks()}
+    """dispatch_checks(sizes), error_checks() and, on 4 ranks, EP composed with CP×TP meshes, in one run."""
+    mesh = ep_mesh_workers.mesh_checks(ep_mesh_workers.LAYOUTS_4) if dist.get_world_size() == 4 else {}
+    return {"dispatch": dispatch_checks(sizes), "errors": error_checks(), "mesh": mesh}

@@ -1,6 +1,8 @@
 """moe_dispatch / moe_combine on 4 gloo ranks, as EP groups of 4 and of 2 (two groups of two), against one
 process's fused_moe over all experts: uniform, decode-sized, skewed (every token on one rank's experts),
-uneven token counts, int8-quantized and bf16 dispatch; and the errors for bad input. One spawn serves all."""
+uneven token counts, int8-quantized and bf16 dispatch; the errors for bad input; and EP composed with CP×TP
+(init_parallel layouts, a DeviceMesh) on the reference MoE block. One spawn serves all."""
+import ep_mesh_workers
 import ep_workers
 import pytest
 
@@ -76,7 +78,7 @@ ERRORS = {
     "wrong_ep_size": "has 4 ranks but ep_world_size=2",
     "wrong_ep_rank": "the model was sharded for another rank",
     "ids_out_of_range": "`expert_ids` must lie in [0, 8)",
-    "not_a_group": "must be a torch.distributed ProcessGroup or a 1-D DeviceMesh",
+    "not_a_group": "must be a torch.distributed ProcessGroup, a DeviceMesh or ParallelGroups",
     "no_moe": "has no MoE block",
     "twice": "is already expert-parallel",
 }
@@ -86,6 +88,19 @@ ERRORS = {
 def test_errors(world4, case):
     for rank in world4:
         assert ERRORS[case] in rank["errors"][case]
+
+
+@pytest.mark.parametrize("layout", ep_mesh_workers.LAYOUTS_4, ids=str)
+def test_ep_over_mesh_dimensions(world4, layout):
+    ep_mesh_workers.check_layout([rank["mesh"] for rank in world4], layout)
+
+
+def test_ep_over_a_whole_device_mesh(world4):
+    for rank in world4:
+        mesh = rank["mesh"]
+        assert mesh["device_mesh"]["rel"] < 1e-5 and mesh["device_mesh"]["ep"] == 4
+        assert mesh["device_mesh"]["sent"] == [5]
+        assert "ep_dims=('ep',) must name distinct dimensions among ('dp', 'cp', 'tp')" in mesh["bad_dims"]
 
 
 def test_not_a_member(world4):
