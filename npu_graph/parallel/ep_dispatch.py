@@ -19,9 +19,12 @@ the EP group in contiguous blocks: rank r holds experts [r·L, (r+1)·L), L = mo
       -> out [T,H] in expand_x's dtype: out[t] = Σ_j expert_scales[t,j] · row returned for (t, j)
 
 A is static, as on the NPU: a token's k experts are distinct, so one rank receives at most min(k, L) rows per
-token of the group, A = G·min(k, L) with G = global_bs, the group's total token count (0: every rank has T,
-G = W·T). Graphs compiled around the ops therefore keep static shapes and no graph break. A run where the
-ranks' token counts exceed G fails with an error saying so.
+token of the group, A = G·min(k, L) with G = global_bs (0: every rank has T, G = W·T). As for MC2, ranks with
+different token counts pass global_bs >= W · the largest count (MC2 takes max_bs·W). Graphs compiled around the
+ops therefore keep static shapes and no graph break. The first all-to-all (rows per expert) also carries each
+rank's token count and whether its expert ids are valid (in range, distinct per token), so unequal counts with
+global_bs=0, a global_bs too small, or one rank's bad ids fail every rank of the group with the same error,
+from that one collective: no rank is left waiting for a peer that gave up.
 `ep_send_counts` is dispatch's `ep_recv_counts`; `expand_x` for combine holds the expert outputs in the rows
 where dispatch delivered their inputs (padding rows are ignored). `group_ep` is a process group's
 `group_name`. quant_mode=2 quantizes each dispatched row to int8 with its own scale (ep_quant.py); combine
@@ -68,11 +71,56 @@ def _validate(op: str, x: torch.Tensor, expert_ids: torch.Tensor, ep_world_size:
             f"{ep_world_size} ranks; choose an EP size that divides the expert count")
 
 
-def _check_ids(op: str, expert_ids: torch.Tensor, moe_expert_num: int) -> None:
-    if expert_ids.numel():
-        low, high = int(expert_ids.min()), int(expert_ids.max())
-        require(low >= 0 and high < moe_expert_num,
-                f"{op}: `expert_ids` must lie in [0, {moe_expert_num}); got values in [{low}, {high}]")
+_OK, _OUT_OF_RANGE, _REPEATED = 0, 1, 2
+
+
+def _ids_status(expert_ids: torch.Tensor, moe_expert_num: int) -> int:
+    """_OK, or why this rank's expert ids cannot be dispatched (out of range; a token's k ids not distinct)."""
+    if not expert_ids.numel():
+        return _OK
+    if int(expert_ids.min()) < 0 or int(expert_ids.max()) >= moe_expert_num:
+        return _OUT_OF_RANGE
+    ordered = expert_ids.sort(dim=1).values
+    return _REPEATED if bool((ordered[:, 1:] == ordered[:, :-1]).any()) else _OK
+
+
+def _exchange_counts(expert_ids: torch.Tensor, moe_expert_num: int, ep_world_size: int, group: dist.ProcessGroup
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """One all-to-all of [rows for each of the peer's experts..., token count, ids status] with every peer:
+    (send order, rows sent per global expert, rows received per (source, local expert), every rank's token
+    count, every rank's status). A rank with bad ids sends no rows but still takes part, so every rank learns
+    of it from the same collective and fails alike: none is left waiting in the next one."""
+    status = _ids_status(expert_ids, moe_expert_num)
+    long = {"dtype": torch.long, "device": expert_ids.device}
+    if status == _OK:
+        order, counts = _send_plan(expert_ids, moe_expert_num)
+    else:
+        order, counts = torch.zeros(0, **long), torch.zeros(moe_expert_num, **long)
+    local = moe_expert_num // ep_world_size
+    tail = torch.tensor([[expert_ids.shape[0], status]], **long).expand(ep_world_size, 2)
+    header = torch.cat([counts.view(ep_world_size, local), tail], dim=1).contiguous()
+    received = torch.empty_like(header)
+    dist.all_to_all_single(received, header, group=group)
+    return (order, counts, received[:, :local].reshape(-1).contiguous(), received[:, local].tolist(),
+            received[:, local + 1].tolist())
+
+
+def _check_peers(op: str, tokens: list[int], statuses: list[int], global_bs: int, moe_expert_num: int) -> None:
+    """The same verdict on every rank of the group, from every rank's token count and ids status."""
+    for status, what in ((_OUT_OF_RANGE, f"`expert_ids` must lie in [0, {moe_expert_num})"),
+                         (_REPEATED, "the k expert ids of a token must be distinct (as npu_moe_distribute_dispatch "
+                                     "requires)")):
+        ranks = [rank for rank, s in enumerate(statuses) if s == status]
+        require(not ranks, f"{op}: {what}; EP ranks {ranks} passed ids that are not, so every rank of the group "
+                           f"stops here")
+    world, largest = len(tokens), max(tokens)
+    require(global_bs or len(set(tokens)) == 1,
+            f"{op}: the EP ranks have different token counts {tokens} and global_bs=0, which needs equal counts; "
+            f"pass global_bs >= ep_world_size · the largest count = {world * largest} (MC2 takes max_bs · "
+            f"ep_world_size)")
+    require(not global_bs or global_bs >= world * largest,
+            f"{op}: global_bs={global_bs} is below ep_world_size · the largest token count of the group = "
+            f"{world}·{largest} = {world * largest}; pass at least that (MC2 takes max_bs · ep_world_size)")
 
 
 def row_bound(tokens: int, top_k: int, ep_world_size: int, moe_expert_num: int, global_bs: int = 0) -> int:
@@ -107,20 +155,14 @@ def moe_dispatch(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_wo
     _validate(op, x, expert_ids, ep_world_size, moe_expert_num)
     require_choice(op, "quant_mode", quant_mode, (0, 2))
     require_same(op, "token count T of `expert_ids` [T,k] and `x` [T,H]", expert_ids.shape[0], x.shape[0])
-    _check_ids(op, expert_ids, moe_expert_num)
     group = resolve_group(op, group_ep, ep_world_size, ep_rank_id)
-    order, counts = _send_plan(expert_ids, moe_expert_num)
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)
+    order, counts, recv_counts, tokens, statuses = _exchange_counts(expert_ids, moe_expert_num, ep_world_size, group)
+    _check_peers(op, tokens, statuses, global_bs, moe_expert_num)
     rows = x.index_select(0, order // expert_ids.shape[1])
     if quant_mode == 2:
         rows = ep_quant.pack(*ep_quant.quantize_rows(rows))
     send_splits, recv_splits = _rank_splits(counts, ep_world_size), _rank_splits(recv_counts, ep_world_size)
     bound = row_bound(x.shape[0], expert_ids.shape[1], ep_world_size, moe_expert_num, global_bs)
-    require(sum(recv_splits) <= bound,
-            f"{op}: EP rank {ep_rank_id} received {sum(recv_splits)} rows, more than the {bound} that "
-            f"global_bs={global_bs} allows: the ranks have different token counts; pass global_bs = the sum of "
-            f"every rank's token count")
     received = rows.new_empty(sum(recv_splits), rows.shape[1])
     dist.all_to_all_single(received, rows.contiguous(), recv_splits, send_splits, group=group)
     received = received.index_select(0, _expert_major(recv_counts, ep_world_size))

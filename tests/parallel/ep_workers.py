@@ -6,6 +6,8 @@ experts, and the parent test only compares numbers.
 """
 from __future__ import annotations
 
+import time
+
 import ep_mesh_workers
 import torch
 import torch.distributed as dist
@@ -92,7 +94,7 @@ def dispatch_checks(sizes: list[int]) -> dict:
         results[size, "quant_skew"] = _case(group, 12, skew_to=0, quant_mode=2)
         results[size, "bf16"] = _case(group, 12, dtype=torch.bfloat16)
         uneven = [3 + 4 * r for r in range(size)]
-        results[size, "uneven"] = _case(group, uneven[rank], skew_to=0, global_bs=sum(uneven))
+        results[size, "uneven"] = _case(group, uneven[rank], skew_to=0, global_bs=size * max(uneven))
     return results
 
 
@@ -135,11 +137,33 @@ def error_checks() -> dict:
         "not_a_group": _error(shard_experts, ToyMoE(8), "world"),
         "no_moe": _error(shard_experts, nn.Linear(2, 2), dist.group.WORLD),
     }
+    errors.update(_peer_errors(x, ids, name))
     if rank >= 2:
         errors["not_a_member"] = _error(shard_experts, ToyMoE(8), first_two)
     model = ToyMoE(8)
     shard_experts(model, dist.group.WORLD)
     errors["twice"] = _error(shard_experts, model, dist.group.WORLD)
+    return errors
+
+
+def _peer_errors(x: torch.Tensor, ids: torch.Tensor, name: str) -> dict:
+    """Input that only some ranks get wrong, or that only the group as a whole can see is wrong: every rank
+    must fail from the first collective, at once (the seconds each took are kept)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    repeated = ids.clone()
+    repeated[1, 1] = repeated[1, 0]
+    more, more_ids, _ = routed_inputs(rank, 4 + rank, world)
+    cases = {
+        "one_rank_bad_ids": (x, ids + EXPERTS * (rank == 1), 0),
+        "repeated_ids": (x, repeated if rank == 0 else ids, 0),
+        "uneven_without_global_bs": (more, more_ids, 0),
+        "global_bs_too_small": (x, ids, world * x.shape[0] - 1),
+    }
+    errors = {}
+    for case, (xs, ids_, global_bs) in cases.items():
+        start = time.perf_counter()
+        errors[case] = _error(ops.moe_dispatch, xs, ids_, name, world, rank, EXPERTS, global_bs=global_bs)
+        errors[case + "_s"] = time.perf_counter() - start
     return errors
 
 

@@ -81,6 +81,12 @@ ERRORS = {
     "not_a_group": "must be a torch.distributed ProcessGroup, a DeviceMesh or ParallelGroups",
     "no_moe": "has no MoE block",
     "twice": "is already expert-parallel",
+    "one_rank_bad_ids": "`expert_ids` must lie in [0, 8); EP ranks [1] passed ids that are not",
+    "repeated_ids": "the k expert ids of a token must be distinct (as npu_moe_distribute_dispatch requires); EP "
+                    "ranks [0]",
+    "uneven_without_global_bs": "the EP ranks have different token counts [4, 5, 6, 7] and global_bs=0, which "
+                                "needs equal counts; pass global_bs >= ep_world_size · the largest count = 28",
+    "global_bs_too_small": "global_bs=15 is below ep_world_size · the largest token count of the group = 4·4 = 16",
 }
 
 
@@ -88,6 +94,7 @@ ERRORS = {
 def test_errors(world4, case):
     for rank in world4:
         assert ERRORS[case] in rank["errors"][case]
+        assert rank["errors"].get(case + "_s", 0) < 20       # from the first collective, not a peer's timeout
 
 
 @pytest.mark.parametrize("layout", ep_mesh_workers.LAYOUTS_4, ids=str)
