@@ -89,6 +89,7 @@ def rank_work(tokens: int, repeat: int) -> dict[str, Any]:
     config = HybridConfig.named("small")
     torch.manual_seed(0)
     whole = DeepSeekMoE(config).eval()
+    torch.nn.init.normal_(whole.gate.weight, std=config.initializer_range)   # as HybridLM does (it is empty)
     parent = torch.nn.Module()
     parent.mlp = DeepSeekMoE(config).eval()
     parent.mlp.load_state_dict(whole.state_dict())
