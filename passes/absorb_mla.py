@@ -21,7 +21,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.attention_parts import score_terms, softmax_parts, split_score_and_mask
 from npu_graph.passes.matching.axis_trace import Dim, Tracer, flat
-from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_each
+from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
 from npu_graph.passes.matching.sparse_mask import is_sparse_mask
@@ -239,10 +239,5 @@ def rewrite(gm: torch.fx.GraphModule, m: MLAMatch) -> None:
     m.anchor.replace_all_uses_with(result)
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    rewrite(gm, match(node))
-    return PATTERN
-
-
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm), PATTERN)
+    return fuse_matches(gm, {aten.bmm.default, aten.mm.default}, match, rewrite, PATTERN)

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.values import arg, same_size, val
 
@@ -86,10 +86,5 @@ def rewrite(gm: torch.fx.GraphModule, m: AddNormMatch) -> None:
     m.add.replace_all_uses_with(outputs[2], delete_user_cb=lambda user: user is not m.norm)
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    rewrite(gm, match(node))
-    return PATTERN
-
-
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {RMS_NORM}, lambda node: _fuse(node, gm), PATTERN)
+    return fuse_matches(gm, {RMS_NORM}, match, rewrite, PATTERN)

@@ -37,7 +37,7 @@ from npu_graph.passes.matching.axis_trace import (
     softmax_of,
     unify_dim,
 )
-from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
 from npu_graph.passes.matching.values import same_size, val
@@ -327,10 +327,5 @@ def _rewrite_or_undo(gm: torch.fx.GraphModule, m: AttnMatch) -> None:
         raise
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    _rewrite_or_undo(gm, match(node))
-    return PATTERN
-
-
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm), PATTERN)
+    return fuse_matches(gm, {aten.bmm.default, aten.mm.default}, match, _rewrite_or_undo, PATTERN)

@@ -26,7 +26,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.fuse_rms_norm import parse_norm
 from npu_graph.passes.matching.axis_trace import Axis, Dim, Expr, Tracer, Value, as_leaf, flat
-from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
 from npu_graph.passes.matching.values import arg, same_size, val
@@ -206,10 +206,5 @@ def rewrite(gm: torch.fx.GraphModule, m: AttnResMatch) -> None:
     m.out.replace_all_uses_with(out)
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    rewrite(gm, match(node))
-    return PATTERN
-
-
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten._softmax.default}, lambda node: _fuse(node, gm), PATTERN, trace_errors_are_near=True)
+    return fuse_matches(gm, {aten._softmax.default}, match, rewrite, PATTERN, trace_errors_are_near=True)

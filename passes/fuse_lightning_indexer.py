@@ -21,7 +21,7 @@ import torch.utils._sympy.functions as sympy_functions
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten
-from npu_graph.passes.matching.fusion_graph import causal_lengths_from_mask, fuse_each, int32_table, leaf_root_ids
+from npu_graph.passes.matching.fusion_graph import causal_lengths_from_mask, fuse_matches, int32_table, leaf_root_ids
 from npu_graph.passes.matching.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts
 from npu_graph.passes.matching.materialize import materialize, size_arg
 from npu_graph.passes.matching.values import arg, val
@@ -199,10 +199,5 @@ def _to_count(graph: torch.fx.Graph, m: IndexerMatch, part: torch.fx.Node, shape
     return part
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    rewrite(gm, match(node))
-    return PATTERN
-
-
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.topk.default}, lambda node: _fuse(node, gm), PATTERN)
+    return fuse_matches(gm, {aten.topk.default}, match, rewrite, PATTERN)

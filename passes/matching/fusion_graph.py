@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -57,13 +58,15 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
 
 
 def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[torch.fx.Node], str],
-              label: str, trace_errors_are_near: bool = False) -> PassResult:
-    """Try `fuse(node)` on every node whose target is in `targets`. `fuse` rewrites and returns the pattern
-    it matched, or raises NoMatch (reported as a near miss when it says so) or TraceError."""
+              label: str, trace_errors_are_near: bool = False, reverse: bool = False) -> PassResult:
+    """Try `fuse(node)` on every node whose target is in `targets` (from the graph's end with `reverse`, for a
+    pattern anchored on the last node of a chain). `fuse` rewrites and returns the pattern it matched, or
+    raises NoMatch (reported as a near miss when it says so) or TraceError."""
     matches: Counter[str] = Counter()
     near = []
     before = meta_snapshot(gm)
-    for node in list(gm.graph.nodes):
+    nodes = list(gm.graph.nodes)
+    for node in reversed(nodes) if reverse else nodes:
         if node.target not in targets:
             continue
         try:
@@ -77,3 +80,14 @@ def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[to
     return PassResult(changed=bool(matches), stats={"matches": dict(matches), "near_misses": near})
 
 
+
+
+def fuse_matches(gm: torch.fx.GraphModule, targets: set[object], match: Callable[[torch.fx.Node], Any],
+                 rewrite: Callable[[torch.fx.GraphModule, Any], None], pattern: str,
+                 trace_errors_are_near: bool = False) -> PassResult:
+    """fuse_each for a pass with one pattern: `rewrite(gm, match(node))` on every candidate node."""
+    def fuse(node: torch.fx.Node) -> str:
+        rewrite(gm, match(node))
+        return pattern
+
+    return fuse_each(gm, targets, fuse, pattern, trace_errors_are_near)

@@ -70,8 +70,9 @@ def is_neg_inf(value: object) -> bool:
     return isinstance(value, (int, float)) and value <= -1e30
 
 
-def is_last_dim(dim: object, rank: int) -> bool:
-    """Is `dim` (negative or not) the last dim of a tensor of rank `rank`?"""
+def is_last_dim(dim: object, of: int | torch.fx.Node) -> bool:
+    """Is `dim` (negative or not) the last dim of a tensor of rank `of` (or of node `of`'s value)?"""
+    rank = of if isinstance(of, int) else val(of).dim()
     return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
 
 

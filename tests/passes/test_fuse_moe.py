@@ -1,5 +1,5 @@
-"""fuse_moe on the ways models write MoE routing and experts: op sets before/after the pass and equal
-numerics; graphs without MoE are left alone; the reference model end to end."""
+"""fuse_moe_experts and fuse_moe_gating on the ways models write MoE routing and experts: op sets before and
+after the two passes and equal numerics; graphs without MoE are left alone; the reference model end to end."""
 from collections import Counter
 
 import pytest
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import npu_graph
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.models.moe import DeepSeekMoE, MoEGate
-from npu_graph.passes import fuse_moe
+from npu_graph.passes import fuse_moe_experts, fuse_moe_gating
 
 GATING = "ascend_dsa.moe_gating_top_k.default"
 FUSED = "ascend_dsa.fused_moe.default"
@@ -18,8 +18,8 @@ T, E, H, K = 6, 8, 16, 2
 
 @pytest.fixture
 def ops(watch_pass):
-    """Compiles with fuse_moe watched (see conftest.watch_pass)."""
-    return lambda fn, *args: watch_pass(fuse_moe, fn, *args)
+    """Compiles with the two MoE passes watched together (see conftest.watch_pass)."""
+    return lambda fn, *args: watch_pass((fuse_moe_experts, fuse_moe_gating), fn, *args)
 
 
 def run(fn, *args, ops, atol=1e-5):
@@ -39,7 +39,7 @@ def router_inputs(seed=0):
 
 
 def assert_gating_fused(stats, before, after):
-    assert stats["matches"] == {fuse_moe.PATTERN_GATING: 1} and stats["near_misses"] == []
+    assert stats["matches"] == {fuse_moe_gating.PATTERN: 1} and stats["near_misses"] == []
     assert after[GATING] == 1 and "aten.topk.default" not in after and before["aten.topk.default"] >= 1
 
 
@@ -49,7 +49,7 @@ def test_reference_gate_and_expert_loop(ops):
     torch.nn.init.normal_(moe.gate.weight, std=0.1)
     moe.gate.e_score_correction_bias.normal_(std=0.05)
     stats, before, after = run(moe, torch.randn(2, 5, 64), ops=ops)
-    assert stats["matches"] == {fuse_moe.PATTERN_GATING: 1, fuse_moe.PATTERN_LOOP: 1}
+    assert stats["matches"] == {fuse_moe_gating.PATTERN: 1, fuse_moe_experts.PATTERN_LOOP: 1}
     assert before["aten.topk.default"] == 3 and before["aten.mm.default"] == 1 + 8 * 3 + 3
     assert after[GATING] == 1 and after[FUSED] == 1 and after["aten.mm.default"] == 1 + 3
     assert "aten.topk.default" not in after and "aten.eq.Scalar" not in after
@@ -146,7 +146,7 @@ def expert_loop(x, scores, experts, skip=None):
 def test_expert_loop_with_where_weights(ops):
     stats, before, after = run(expert_loop, torch.randn(T, H), torch.randn(T, E), swiglu_weights(),
                                ops=ops)
-    assert stats["matches"] == {fuse_moe.PATTERN_LOOP: 1, fuse_moe.PATTERN_GATING: 1}
+    assert stats["matches"] == {fuse_moe_experts.PATTERN_LOOP: 1, fuse_moe_gating.PATTERN: 1}
     assert before["aten.mm.default"] == 3 * E and "aten.mm.default" not in after and after[FUSED] == 1
     assert after["aten.stack.default"] == 3 and after["aten.cat.default"] == 1
 
@@ -154,9 +154,22 @@ def test_expert_loop_with_where_weights(ops):
 def test_expert_loop_missing_an_expert_is_a_near_miss(ops):
     stats, before, after = run(lambda x, s, w: expert_loop(x, s, w, skip=5), torch.randn(T, H), torch.randn(T, E),
                                swiglu_weights(), ops=ops)
-    assert stats["matches"] == {fuse_moe.PATTERN_GATING: 1} and FUSED not in after
+    assert stats["matches"] == {fuse_moe_gating.PATTERN: 1} and FUSED not in after
     assert before["aten.mm.default"] == after["aten.mm.default"] == 3 * (E - 1)
     assert [m["reason"] for m in stats["near_misses"]] == ["the loop covers experts [0, 1, 2, 3, 4, 6, 7], not 0..6"]
+
+
+def test_each_half_fuses_without_the_other(watch_pass):
+    args = torch.randn(T, H), torch.randn(T, E), swiglu_weights()
+    experts_only = watch_pass(fuse_moe_experts, expert_loop, *args, options={"disabled_passes": ["fuse_moe_gating"]})
+    torch.testing.assert_close(experts_only.out, experts_only.ref, rtol=1e-5, atol=1e-5)
+    assert experts_only.stats["matches"] == {fuse_moe_experts.PATTERN_LOOP: 1}
+    assert experts_only.after[FUSED] == 1 and experts_only.after["aten.topk.default"] == 1
+    gating_only = watch_pass(fuse_moe_gating, expert_loop, *args, options={"disabled_passes": ["fuse_moe_experts"]})
+    torch.testing.assert_close(gating_only.out, gating_only.ref, rtol=1e-5, atol=1e-5)
+    assert gating_only.stats["matches"] == {fuse_moe_gating.PATTERN: 1}
+    assert gating_only.after[GATING] == 1 and FUSED not in gating_only.after
+    assert gating_only.after["aten.mm.default"] == 3 * E
 
 
 def test_transformers_grouped_mm_experts(ops):
@@ -167,7 +180,7 @@ def test_transformers_grouped_mm_experts(ops):
                                          moe_intermediate_size=8, norm_topk_prob=True)
     block = transformers.AutoModelForCausalLM.from_config(config).model.layers[0].mlp.eval()
     stats, before, after = run(block, torch.randn(2, 5, H), ops=ops)
-    assert stats["matches"] == {fuse_moe.PATTERN_GROUPED: 1, fuse_moe.PATTERN_GATING: 1}
+    assert stats["matches"] == {fuse_moe_experts.PATTERN_GROUPED: 1, fuse_moe_gating.PATTERN: 1}
     assert before["transformers.grouped_mm_fallback.default"] == 2 and before["aten.sort.default"] == 1
     assert after[FUSED] == 1 and after[GATING] == 1
     assert not {"transformers.grouped_mm_fallback.default", "aten.sort.default", "aten.histc.default"} & set(after)
@@ -199,5 +212,5 @@ def test_reference_model_prefill_and_decode():
     assert len(backend.reports) == 2
     for report in backend.reports:
         assert report.fused_ops["moe_gating_top_k"] == moe_layers and report.fused_ops["fused_moe"] == moe_layers
-        stats = next(p["stats"] for p in report.passes if p["name"] == fuse_moe.NAME)
-        assert stats["near_misses"] == []
+        for name in (fuse_moe_experts.NAME, fuse_moe_gating.NAME):
+            assert next(p["stats"] for p in report.passes if p["name"] == name)["near_misses"] == []
