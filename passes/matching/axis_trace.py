@@ -148,6 +148,7 @@ def _regroup(dims: list[Dim], shape: list[object]) -> list[Dim]:
 
 
 def _view(t: Tracer, node: torch.fx.Node) -> Value:
+    """A reshape, unsqueeze or squeeze: the same atoms regrouped into the node's shape."""
     src = t.trace(node.args[0])
     return Value(_regroup(src.dims, _shape(node)), src.expr)
 
@@ -167,11 +168,6 @@ def _transpose(t: Tracer, node: torch.fx.Node) -> Value:
         a, b = (d % len(dims) for d in node.args[1:3])
     dims[a], dims[b] = dims[b], dims[a]
     return Value(dims, src.expr)
-
-
-def _unsqueeze_or_squeeze(t: Tracer, node: torch.fx.Node) -> Value:
-    src = t.trace(node.args[0])
-    return Value(_regroup(src.dims, _shape(node)), src.expr)
 
 
 def _select(t: Tracer, node: torch.fx.Node) -> Value:
@@ -329,12 +325,11 @@ def _softmax(t: Tracer, node: torch.fx.Node) -> Value:
 
 
 _HANDLERS = {
-    **dict.fromkeys(RESHAPES, _view),
+    **dict.fromkeys(RESHAPES | UNIT_DIMS, _view),
     **dict.fromkeys(_TRANSPARENT, _passthrough),
     aten.permute.default: _permute,
     aten.transpose.int: _transpose,
     aten.t.default: _transpose,
-    **dict.fromkeys(UNIT_DIMS, _unsqueeze_or_squeeze),
     aten.expand.default: _expand,
     aten.select.int: _select,
     aten.masked_fill.Scalar: _masked,
