@@ -3,8 +3,9 @@
 The model is the trained stdlib checkpoint (`ascend-dsa train`) with an MTP head trained on it (main model frozen,
 npu_graph.training.mtp_head); both are trained first when absent. Prompts are held-out stdlib windows. For eager and
 compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
-head's drafts (checkpoint rollback; eager also replay) and with oracle drafts (the plain greedy tokens: every
-draft accepted, the speed a perfect draft head would reach at this verify cost). Tokens/s count decoded tokens
+head's drafts (checkpoint rollback; eager also replay) — the `rows` — and with oracle drafts (the plain greedy
+tokens: every draft accepted, the speed a perfect draft head would reach at this verify cost) — `oracle_rows`,
+kept apart so that nothing reading `rows` mistakes them for the draft head's. Tokens/s count decoded tokens
 only (the prefill is left out), medians of runs that alternate plain and speculative decoding (a shared machine's
 load then shifts both alike), after a warm-up run (which compiles, and lets kernels/dispatch.py measure its choices).
 Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback) and
@@ -110,14 +111,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeat = args.repeat or 3
     model, source = load_model()
     prompts = heldout_prompts(batch, prompt_len)
-    rows = []
+    measured = []
     for compiled in (False, True):
         with progress.step(f"{'compiled' if compiled else 'eager'} plain and speculative decoding", "bench spec"):
-            rows += rows_for(model, prompts, steps, compiled, repeat)
+            measured += rows_for(model, prompts, steps, compiled, repeat)
     notes = [f"model: {source}; {batch} held-out prompts of {prompt_len} bytes, {steps} new tokens each, fp32",
-             "drafts=mtp: the MTP head's drafts; drafts=oracle: plain greedy's tokens as drafts (all accepted), "
-             "the speed a perfect draft head would reach with this verify cost",
+             "rows: the MTP head's drafts; oracle_rows (a table of their own, not rows): plain greedy's tokens as "
+             "drafts (all accepted), the speed a perfect draft head would reach with this verify cost",
              f"tokens/s count decoded tokens (prefill left out), medians of {repeat} runs alternating plain and "
              "speculative decoding; draft/verify/rollback ms are per round",
              "identical: the tokens equal plain greedy decoding's; timings on a shared machine are noisy"]
-    return {"suite": "spec", "rows": rows, "notes": notes}
+    return {"suite": "spec", "rows": [r for r in measured if r["drafts"] == "mtp"],
+            "oracle_rows": [r for r in measured if r["drafts"] == "oracle"], "notes": notes}
+
+
+def print_text(result: dict[str, Any]) -> None:
+    """The MTP rows' table with the notes, then the oracle rows' table."""
+    from rich.console import Console
+
+    from npu_graph.tools.bench import print_table
+
+    console = Console()
+    print_table(result, console)
+    print_table({**result, "suite": "spec (oracle drafts)", "rows": result["oracle_rows"], "notes": []}, console)

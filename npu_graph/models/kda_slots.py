@@ -101,7 +101,7 @@ class KDASlots:
         q, k, v, g = self.core.unbind(dim=2)
         g = torch.where(keep[:, :, None, None], g, torch.zeros_like(g))
         beta = torch.where(keep[:, :, None], self.beta, torch.zeros_like(self.beta))
-        _, final = torch.ops.ascend_dsa.chunk_kda(q, k, v, g, beta, scale, self.states[:, 0].clone(),
+        _, final = torch.ops.ascend_dsa.chunk_kda(q, k, v, g, beta, scale, self.states[:, 0],
                                                   output_final_state=True)
         layer.state.copy_(final)
         width = layer.conv_state.shape[-1]
