@@ -10,6 +10,7 @@
 - ep_dispatch.py: `ascend_dsa::moe_dispatch` / `moe_combine`, MoE expert parallelism on all_to_all (MC2 pair).
 - ep_quant.py: dynamic per-token int8 quantization of dispatched rows.
 - ep_layer.py, ep_shard.py: expert-parallel MoE modules and `shard_experts(model, ep_group)`.
+- ep_placement.py: which experts each EP rank holds: contiguous blocks, or packed by observed loads (EPLB-style).
 - launch.py: spawn a run of ranks with a timeout; a failing or dying rank fails it with a clear error.
 - rank_process.py: one launched rank: its process in a session of its own (killed with all it started).
 """
@@ -18,6 +19,7 @@ from npu_graph.parallel.cp_dsa import cp_dsa_prefill
 from npu_graph.parallel.cp_gather import gather_parts, gather_zigzag, zigzag_chunks
 from npu_graph.parallel.cp_indexer import cp_lightning_indexer
 from npu_graph.parallel.ep_dispatch import moe_combine, moe_dispatch
+from npu_graph.parallel.ep_placement import balanced_placement, record_expert_loads
 from npu_graph.parallel.ep_shard import EPLayer, shard_experts
 from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp, init_parallel
 from npu_graph.parallel.kda_split import kda_split
@@ -28,6 +30,7 @@ __all__ = [
     "DistributedLaunchError",
     "EPLayer",
     "ParallelGroups",
+    "balanced_placement",
     "cp_dsa_prefill",
     "cp_lightning_indexer",
     "cp_sparse_attention",
@@ -41,6 +44,7 @@ __all__ = [
     "launch",
     "moe_combine",
     "moe_dispatch",
+    "record_expert_loads",
     "shard_experts",
     "zigzag_chunks",
     "zigzag_restore",

@@ -2,7 +2,9 @@
 
 One entry per `ascend_dsa::moe_dispatch` call, in graph order: the module it came from (when the capture kept
 it), the EP group's size and this rank's place in it, the experts held here out of how many, the dispatch
-quantization and the static row bound of the dispatched rows.
+quantization and the static row bound of the dispatched rows. `local_experts` is the range of dispatch's expert
+slots held here: the router's expert ids under the default contiguous placement; under a placement from
+observed loads (ep_placement.py) those slots hold the experts the placement lists for this rank.
 """
 from __future__ import annotations
 

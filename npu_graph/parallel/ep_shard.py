@@ -3,10 +3,12 @@
 Recognised blocks: the reference model's `DeepSeekMoE` (npu_graph.models.moe), replaced by `EPDeepSeekMoE`,
 and transformers' stacked SwiGLU experts (`gate_up_proj` [E,2I,H], `down_proj` [E,H,I], SiLU; the `experts`
 of Qwen3-MoE, DeepSeek-V3.2 and Kimi Linear MoE blocks), replaced by `EPExperts`. Routers and shared experts
-stay as they are (replicated). Rank r of an EP group of W keeps experts [r·E/W, (r+1)·E/W).
+stay as they are (replicated). Rank r of an EP group of W keeps experts [r·E/W, (r+1)·E/W), or those a placement
+gives it (ep_placement.py: packed by observed load, for skewed routing).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,7 @@ from torch import nn
 
 from npu_graph.models.moe import DeepSeekMoE
 from npu_graph.parallel.ep_layer import EPDeepSeekMoE, EPExperts
+from npu_graph.parallel.ep_placement import Placement, check_placement, contiguous_placement, is_stacked_experts
 from npu_graph.parallel.groups import ParallelGroups
 
 
@@ -24,7 +27,7 @@ class EPLayer:
     """One MoE block made expert-parallel: where it is and which experts this rank kept."""
     name: str
     num_experts: int
-    local_experts: range
+    local_experts: Sequence[int]
     ep_world_size: int
 
 
@@ -51,11 +54,6 @@ def _as_group(ep_group: object) -> dist.ProcessGroup:
     return ep_group
 
 
-def _is_stacked_experts(module: nn.Module) -> bool:
-    up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    return isinstance(up, torch.Tensor) and isinstance(down, torch.Tensor) and up.dim() == 3 and down.dim() == 3
-
-
 def _check_stacked(name: str, module: nn.Module) -> None:
     experts, inter2, hidden = module.gate_up_proj.shape
     if tuple(module.down_proj.shape) != (experts, hidden, inter2 // 2) or inter2 % 2:
@@ -68,29 +66,37 @@ def _check_stacked(name: str, module: nn.Module) -> None:
                          f"parallelism supports only those")
 
 
-def _block(full: int, world: int, rank: int, name: str) -> slice:
+def _placement(full: int, group: dist.ProcessGroup, name: str, placement: object) -> list[list[int]]:
+    """Every rank's experts for block `name`: `placement` (one for all blocks, or a mapping by block name), else
+    contiguous blocks."""
+    world = dist.get_world_size(group)
     if full % world:
         raise ValueError(f"shard_experts: {name} has {full} routed experts, which do not split evenly over "
                          f"an EP group of {world} ranks; use an EP size that divides {full}")
-    local = full // world
-    return slice(rank * local, (rank + 1) * local)
+    if isinstance(placement, Mapping):
+        placement = placement.get(name)
+    if placement is None:
+        return contiguous_placement(full, world)
+    return check_placement(placement, full, world, name)
 
 
-def _shard_stacked(name: str, module: nn.Module, group: dist.ProcessGroup, **options: Any) -> EPExperts:
+def _shard_stacked(name: str, module: nn.Module, group: dist.ProcessGroup, placement: object,
+                   **options: Any) -> EPExperts:
     _check_stacked(name, module)
     full = module.gate_up_proj.shape[0]
-    part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
-    return EPExperts(module.gate_up_proj.detach()[part].clone(), module.down_proj.detach()[part].clone(), full,
-                     group, **options)
+    ranks = _placement(full, group, name, placement)
+    held = torch.tensor(ranks[dist.get_rank(group)])
+    return EPExperts(module.gate_up_proj.detach()[held].clone(), module.down_proj.detach()[held].clone(), full,
+                     group, placement=ranks, **options)
 
 
-def _shard_reference(name: str, block: DeepSeekMoE, group: dist.ProcessGroup, **options: Any) -> EPDeepSeekMoE:
-    full = len(block.experts)
-    part = _block(full, dist.get_world_size(group), dist.get_rank(group), name)
-    kept = list(block.experts)[part]
+def _shard_reference(name: str, block: DeepSeekMoE, group: dist.ProcessGroup, placement: object,
+                     **options: Any) -> EPDeepSeekMoE:
+    ranks = _placement(len(block.experts), group, name, placement)
+    kept = [block.experts[e] for e in ranks[dist.get_rank(group)]]
     w13 = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in kept]).detach()
     w2 = torch.stack([e.down_proj.weight for e in kept]).detach()
-    return EPDeepSeekMoE(block, EPExperts(w13, w2, full, group, **options))
+    return EPDeepSeekMoE(block, EPExperts(w13, w2, len(block.experts), group, placement=ranks, **options))
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -111,19 +117,22 @@ def _check_agreement(group: dist.ProcessGroup, layers: list[EPLayer]) -> None:
 
 
 def shard_experts(model: nn.Module, ep_group: object, *, quant_mode: int = 0,
-                  tp_group: dist.ProcessGroup | None = None) -> list[EPLayer]:
+                  tp_group: dist.ProcessGroup | None = None,
+                  placement: Placement | Mapping[str, Placement] | None = None) -> list[EPLayer]:
     """Replace every MoE block's routed experts by this rank's share (in place; call on every rank of the EP
     group). `ep_group`: a ProcessGroup, a DeviceMesh (a 1-D mesh, or several dimensions taken together) or
     ParallelGroups from `init_parallel` (its EP group; its TP group becomes `tp_group`). `tp_group`: ranks that
     hold the same tokens split them before dispatch and all-gather the outputs. quant_mode=2 sends dispatched rows
-    as int8 with per-row scales. Returns the blocks made expert-parallel; raises ValueError when there are none."""
+    as int8 with per-row scales. `placement`: each rank's experts (ep_placement.balanced_placement from observed
+    loads), for every block or by block name; default contiguous blocks. Returns the blocks made expert-parallel;
+    raises ValueError when there are none."""
     if isinstance(ep_group, ParallelGroups) and tp_group is None:
         tp_group = ep_group.tp_group
     group = _as_group(ep_group)
     if quant_mode not in (0, 2):
         raise ValueError(f"shard_experts: quant_mode={quant_mode} is not supported; use 0 (none) or 2 (dynamic "
                          f"per-token int8)")
-    options = {"quant_mode": quant_mode, "tp_group": tp_group}
+    options = {"quant_mode": quant_mode, "tp_group": tp_group, "placement": placement}
     layers = []
     for name, module in list(model.named_modules()):
         if isinstance(module, (EPExperts, EPDeepSeekMoE)):
@@ -131,7 +140,7 @@ def shard_experts(model: nn.Module, ep_group: object, *, quant_mode: int = 0,
         if isinstance(module, DeepSeekMoE):
             new = _shard_reference(name, module, group, **options)
             ep = new.experts
-        elif _is_stacked_experts(module):
+        elif is_stacked_experts(module):
             new = ep = _shard_stacked(name, module, group, **options)
         else:
             continue

@@ -14,6 +14,7 @@ from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.models.tiny_transformers import build_tiny
 from npu_graph.parallel import shard_experts
 from npu_graph.parallel.ep_layer import EPExperts
+from npu_graph.parallel.ep_placement import balanced_placement, record_expert_loads
 
 
 def build(name: str, skew: bool = False) -> torch.nn.Module:
@@ -45,17 +46,21 @@ def _ep_summary(dump: str | None) -> list[dict]:
     return [layer for path in paths for layer in json.loads(path.read_text()).get("expert_parallel", [])]
 
 
-def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: bool = False) -> dict:
-    """Per model: relative max logits difference, cosine, parameter and expert-parameter ratios, EP layers."""
+def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: bool = False,
+                balanced: bool = False) -> dict:
+    """Per model: relative max logits difference, cosine, parameter and expert-parameter ratios, EP layers;
+    `balanced`: experts placed by the loads the whole model's router produced on these inputs."""
     ids = torch.randint(3, 250, (1, 24), generator=torch.Generator().manual_seed(1))
     results = {}
     for name in names:
         whole = build(name, skew)
-        with torch.no_grad():
+        with torch.no_grad(), record_expert_loads(whole) as loads:
             want = _logits(whole(ids))
+        world = dist.get_world_size()
+        placement = {block: balanced_placement(load, world) for block, load in loads.items()} if balanced else None
         model = build(name, skew)
         params, experts = sum(p.numel() for p in model.parameters()), _expert_params(model)
-        layers = shard_experts(model, dist.group.WORLD, quant_mode=quant_mode)
+        layers = shard_experts(model, dist.group.WORLD, quant_mode=quant_mode, placement=placement)
         routed: list[torch.Tensor] = []
         for module in model.modules():
             if isinstance(module, EPExperts):
@@ -73,6 +78,7 @@ def model_check(names: list[str], compiled: bool, quant_mode: int = 0, skew: boo
             "params": sum(p.numel() for p in model.parameters()) / params,
             "experts": local / experts, "layers": [(layer.name, layer.local_experts) for layer in layers],
             "routed": torch.cat(routed).bincount(minlength=8).tolist() if routed else None,
+            "loads": {block: load.tolist() for block, load in loads.items()}, "placement": placement,
             "summary": _ep_summary(dump)}
     return results
 
@@ -81,7 +87,8 @@ def reference_checks(compiled: bool) -> dict:
     """The reference model sharded, eager: plain, skewed to one rank, int8 dispatch; compiled when asked."""
     results = {"eager": model_check(["reference"], False)["reference"],
                "skew": model_check(["reference"], False, skew=True)["reference"],
-               "quant": model_check(["reference"], False, quant_mode=2)["reference"]}
+               "quant": model_check(["reference"], False, quant_mode=2)["reference"],
+               "placed": model_check(["reference"], False, skew=True, balanced=True)["reference"]}
     if compiled:
         results["compiled"] = model_check(["reference"], True)["reference"]
     return results

@@ -4,8 +4,10 @@ and, slow-marked, compiled with ascend_dsa: the reference model at EP=2 and EP=4
 Qwen3-MoE, DeepSeek-V3.2 and Kimi Linear at EP=2 (each rank compiles; ~1-2 min on two cores)."""
 import ep_model_workers
 import pytest
+import torch
 
 from npu_graph.parallel import launch
+from npu_graph.parallel.ep_placement import rank_loads
 
 HF_MODELS = ["qwen3_moe", "deepseek_v32", "kimi_linear"]
 
@@ -45,6 +47,19 @@ def test_reference_skewed_to_one_rank(reference2):
         _check_sharded(rank, 2, result["skew"])
         routed = result["skew"]["routed"]
         assert sum(routed[:4]) > 0 and routed[4:] == [0, 0, 0, 0]
+
+
+def test_reference_with_balanced_placement(reference2):
+    """Routing skewed to experts 0-3 (contiguous: all on rank 0), experts placed by the observed loads instead:
+    the same logits, each rank holds its placement's experts, and the rank loads are closer to even."""
+    for rank, result in enumerate(reference2):
+        placed = result["placed"]
+        assert placed["rel"] < 1e-5
+        for name, kept in placed["layers"]:
+            assert list(kept) == placed["placement"][name][rank]
+            loads = torch.tensor(placed["loads"][name])
+            assert rank_loads(loads, placed["placement"][name]).max() < rank_loads(loads, [range(4), range(4, 8)]
+                                                                                  ).max()
 
 
 def test_reference_quantized_dispatch(reference2):

@@ -1,4 +1,5 @@
-"""bench ep's arithmetic parts (no ranks): bytes per row and token, and per-rank load under routing skew."""
+"""bench ep's arithmetic parts (no ranks): bytes per row and token, per-rank load under routing skew, and the
+load with experts placed by the loads of another batch."""
 from npu_graph.tools import bench_ep
 
 
@@ -16,3 +17,10 @@ def test_skewed_routing_loads_one_rank_more():
         assert uniform["rows_mean"] == skewed["rows_mean"] == 512 * 4 / int(uniform["case"].rsplit("=", 1)[1])
         assert 1.0 <= uniform["max_over_mean"] < 1.2
         assert skewed["max_over_mean"] > uniform["max_over_mean"]
+
+
+def test_placement_from_observed_loads_evens_skewed_routing():
+    rows = bench_ep.load_rows(tokens=512, experts=64, top_k=4)
+    for skewed in rows[3:]:
+        assert skewed["balanced_max_over_mean"] < skewed["max_over_mean"]
+    assert rows[3]["balanced_max_over_mean"] < 1.05      # EP=2; at EP=8 one hot expert alone exceeds the mean
