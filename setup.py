@@ -16,6 +16,7 @@ setup(
         "npu_graph.generate",
         "npu_graph.parallel",
         "npu_graph.targets",
+        "npu_graph.training",
         "npu_graph.passes",
         "npu_graph.passes.matching",
         "npu_graph.passes.streams",
