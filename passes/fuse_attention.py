@@ -40,7 +40,7 @@ from npu_graph.passes.matching.axis_trace import (
 from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
-from npu_graph.passes.matching.values import same_size, val
+from npu_graph.passes.matching.values import fill_value, same_size, val
 
 NAME = "fuse_attention"
 INFERENCE_ONLY = True
@@ -91,13 +91,6 @@ def _contracts(expr: Expr) -> bool:
     return expr.kind in ("matmul", "sum") or any(_contracts(f) for f in expr.factors)
 
 
-def _fill(value: object) -> float:
-    """The fill value of a masked_fill / where: a number, or full(..., v) / scalar_tensor(v) (is_neg_inf's forms)."""
-    if isinstance(value, Node):
-        value = value.args[{aten.scalar_tensor.default: 0, aten.new_full.default: 2}.get(value.target, 1)]
-    return float(value)
-
-
 def _bool_mask(tracer: Tracer, node: Node) -> MaskTerm:
     """The bool mask of masked_fill(x, m, -inf) / where(m, x, -inf), its axes unified with the score's."""
     invisible = node.target == aten.masked_fill.Scalar
@@ -111,7 +104,7 @@ def _bool_mask(tracer: Tracer, node: Node) -> MaskTerm:
             unify_dim(mine, theirs)
     leaf = as_leaf(tracer, traced.expr)
     return MaskTerm(leaf.node, tracer.leaf_dims[leaf.node], "invisible" if invisible else "visible",
-                    _fill(node.args[2]))
+                    fill_value(node.args[2]))
 
 
 def _peel_masks(tracer: Tracer, score: Expr) -> tuple[Expr, list[MaskTerm]]:

@@ -29,7 +29,7 @@ from npu_graph.passes.matching.axis_trace import Axis, Dim, Expr, Tracer, Value,
 from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
-from npu_graph.passes.matching.values import arg, same_size, val
+from npu_graph.passes.matching.values import arg, fill_value, same_size, val
 
 NAME = "fuse_attn_res"
 INFERENCE_ONLY = True
@@ -73,17 +73,13 @@ def _ids(axes: object) -> set[int]:
     return {id(a) for a in flat(tuple(axes))}
 
 
-def _is_ones(node: Node) -> bool:
-    return node.target == aten.ones.default or (node.target == aten.full.default and node.args[1] == 1)
-
-
 def _norm_leaf(node: Node) -> NormLeaf | None:
     """The RMSNorm `node` computes: getitem 0 of ascend_dsa.rms_norm, or the unfused form."""
     source = node.args[0] if node.target is operator.getitem and node.args[1] == 0 else None
     if getattr(source, "target", None) == RMS_NORM:
         x, gamma = source.args[:2]
         eps = arg(source, 2, 1e-6, "epsilon")
-        return NormLeaf(node, x, None if _is_ones(gamma) else gamma, eps) if val(gamma).dim() == 1 else None
+        return NormLeaf(node, x, None if fill_value(gamma) == 1 else gamma, eps) if val(gamma).dim() == 1 else None
     try:
         norm = parse_norm(node)
     except NoMatch:

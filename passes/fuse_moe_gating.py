@@ -29,6 +29,7 @@ from npu_graph.passes.matching.values import (
     VIEWS_AND_CASTS,
     arg,
     is_last_dim,
+    is_zero,
     scalar,
     strip,
     strip_casts,
@@ -111,7 +112,7 @@ def _groups(m: Gating, keep_mask: Node, score: Node) -> None:
     keep = strip_views(keep_mask)
     if keep.target != aten.scatter.value or keep.args[1] not in (1, -1) or scalar(keep.args[3]) != 1:
         raise NoMatch("the group mask is not scatter(zeros, 1, group_idx, 1)")
-    if keep.args[0].target not in (aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default):
+    if not is_zero(keep.args[0]):
         raise NoMatch("the group mask does not start from zeros")
     idx = keep.args[2]
     if idx.target is not operator.getitem or idx.args[1] != 1 or idx.args[0].target != aten.topk.default:

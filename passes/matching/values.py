@@ -18,6 +18,7 @@ CASTS = frozenset({aten._to_copy.default, aten.clone.default, aten.alias.default
 VIEWS_AND_CASTS = RESHAPES | UNIT_DIMS | CASTS | {aten.expand.default}
 _FILL_ARG = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
 _ZEROS = {aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default}
+_ONES = {aten.ones_like.default, aten.ones.default, aten.new_ones.default}
 
 
 def val(node: Any) -> torch.Tensor | None:
@@ -53,21 +54,25 @@ def scalar(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def is_zero(value: object) -> bool:
-    """0, or a node that is all zeros (zeros, zeros_like, new_zeros, full(0), scalar_tensor(0), ...)."""
+def fill_value(value: object) -> float | None:
+    """The number `value` is, or the one a factory node fills its tensor with (zeros, ones, full, full_like,
+    new_full, scalar_tensor and their _like / new_ forms); None for anything else."""
     if not isinstance(value, torch.fx.Node):
-        return scalar(value) == 0
-    if value.target in _ZEROS:
-        return True
+        return scalar(value)
+    if value.target in _ZEROS or value.target in _ONES:
+        return 0.0 if value.target in _ZEROS else 1.0
     fill = _FILL_ARG.get(value.target)
-    return fill is not None and scalar(value.args[fill]) == 0
+    return scalar(value.args[fill]) if fill is not None else None
+
+
+def is_zero(value: object) -> bool:
+    return fill_value(value) == 0
 
 
 def is_neg_inf(value: object) -> bool:
     """-inf (or a float at most -1e30, the masked value models use), or a node filled with it."""
-    if isinstance(value, torch.fx.Node):
-        return value.target in _FILL_ARG and is_neg_inf(value.args[_FILL_ARG[value.target]])
-    return isinstance(value, (int, float)) and value <= -1e30
+    fill = fill_value(value)
+    return fill is not None and fill <= -1e30
 
 
 def is_last_dim(dim: object, of: int | torch.fx.Node) -> bool:
