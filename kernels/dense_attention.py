@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 
 NATIVE_SOURCE = "dense_attention"
 MAX_HEAD_DIM = 32       # measured: faster up to 24, parity at 32, 0.84x at 64
@@ -38,8 +38,10 @@ _F32 = torch.float32
 _Strides = ctypes.c_int64 * 3
 
 
+@native_prototypes.struct(NATIVE_SOURCE, "attention_args")
 class _Args(ctypes.Structure):
-    """struct attention_args of native/dense_attention.c."""
+    """struct attention_args of native/dense_attention.c (its layout is checked against the C by
+    tests/kernels/test_native_prototypes.py)."""
     _fields_ = [*((name, ctypes.c_void_p) for name in ("q", "k", "v", "out", "lse")),
                 *((name, ctypes.c_int64) for name in ("batch", "hq", "hk", "lq", "lk", "dk", "dv")),
                 *((name, _Strides) for name in ("q_stride", "k_stride", "v_stride", "out_stride", "lse_stride")),
@@ -48,10 +50,7 @@ class _Args(ctypes.Structure):
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> Callable[..., int]:
-    fn = lib.da_attention
-    fn.argtypes = [ctypes.POINTER(_Args)]
-    fn.restype = ctypes.c_int
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "da_attention")
 
 
 def _takes(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, attn_mask: Tensor | None) -> bool:
@@ -103,8 +102,7 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
     return _flash(_typed(loaded.lib), query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 
-def bind(source: str) -> tuple[str, dict[str, Any]]:
-    """The source with its flash attention calls calling `flash_attention_for_cpu`'s native path, and the
-    namespace entry it needs; the source unchanged when the native library is not loaded."""
-    return native.bind_calls(source, _CALL, NAME, NATIVE_SOURCE,
-                             lambda lib: functools.partial(_flash, _typed(lib)))
+def native_callable() -> Callable[..., Any] | None:
+    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
+    return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_flash, _typed(lib)))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 
 NATIVE_SOURCE = "depthwise_conv1d"
 NAME = "_ascend_dsa_depthwise_conv1d"
@@ -37,11 +37,7 @@ _F32 = torch.float32
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> Callable[..., None]:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn = lib.dwc_conv1d
-    fn.argtypes = [ptr, *[i64] * 6, ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, i64, i64]
-    fn.restype = None
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "dwc_conv1d")
 
 
 def _takes(x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int],
@@ -126,9 +122,7 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int]
                         output_padding, groups)
 
 
-def bind(source: str) -> tuple[str, dict[str, Any]]:
-    """The source with its aten.convolution calls calling the native depthwise kernel where it applies, and the
-    namespace entry it needs; the source unchanged when the native library is not loaded (or
-    ASCEND_DSA_NATIVE=0 when the graph is built)."""
-    return native.bind_calls(source, _CALL, NAME, NATIVE_SOURCE,
-                             lambda lib: functools.partial(_native_conv, _typed(lib)))
+def native_callable() -> Callable[..., Any] | None:
+    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
+    return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_conv, _typed(lib)))

@@ -2,7 +2,7 @@
 system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers.
 
 `load(name)` builds kernels/native/<name>.c for the active instruction-set level (kernels/cpu_isa.py: detected,
-or forced lower with ASCEND_DSA_CPU_ISA) once per machine and process; `bind_calls` binds a compiled graph's
+or forced lower with ASCEND_DSA_CPU_ISA) once per machine and process; `native_entry` binds a compiled graph's
 ATen calls to a kernel module's native-or-ATen function. Every level has its own flags (LEVEL_FLAGS) and so its
 own library: the sources size their vectors and register tiles from the level (kernels/native/simd.h), as
 oneDNN selects per-ISA code at run time. Why plain C per level rather than a C++ extension on torch's
@@ -208,15 +208,8 @@ def available(name: str) -> tuple[bool, str]:
     return bool(native), native.reason
 
 
-def bind_calls(source: str, call: str, name: str, library: str,
-               make: Callable[[ctypes.CDLL], Callable[..., Any]]) -> tuple[str, dict[str, Any]]:
-    """For the CPU runtime: `source` with every `call` (the text "torch.ops.aten.<op>.<overload>(") calling
-    `name` instead, and {name: make(lib)} for the namespace it runs in, lib being kernels/native/<library>.c
-    loaded; the source unchanged and no entry when it has no such call or the library is not loaded
-    (ASCEND_DSA_NATIVE=0 is read here, when the graph is built)."""
-    if call not in source:
-        return source, {}
+def native_entry(library: str, make: Callable[[ctypes.CDLL], Callable[..., Any]]) -> Callable[..., Any] | None:
+    """For the CPU runtime's binder (npu_graph.direct_calls): make(lib), lib being kernels/native/<library>.c
+    loaded, or None when it is not (ASCEND_DSA_NATIVE=0 is read here, when a graph is loaded)."""
     loaded = load(library)
-    if not loaded:
-        return source, {}
-    return source.replace(call, f"{name}("), {name: make(loaded.lib)}
+    return make(loaded.lib) if loaded else None

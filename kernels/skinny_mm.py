@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "skinny_mm"
@@ -38,12 +38,8 @@ _F32 = torch.float32
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], Callable[..., None]]:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    nn, nt = lib.sm_mm, lib.sm_mm_nt
-    for fn in (nn, nt):
-        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr]
-    nn.restype, nt.restype = ctypes.c_int, None
-    return nn, nt
+    mm = native_prototypes.typed(lib, NATIVE_SOURCE, "sm_mm")
+    return mm, native_prototypes.typed(lib, NATIVE_SOURCE, "sm_mm_nt")
 
 
 def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
@@ -97,8 +93,7 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     return dispatch.run("skinny_linear", NATIVE_SOURCE, cls, native_linear, lambda: F.linear(x, w))
 
 
-def bind(source: str) -> tuple[str, dict[str, Any]]:
-    """The source with its aten.mm calls calling the native product, and the namespace entry it needs; the
-    source unchanged when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is built)."""
-    return native.bind_calls(source, _CALL, NAME, NATIVE_SOURCE,
-                             lambda lib: functools.partial(_native_mm, _typed(lib)[0]))
+def native_callable() -> Callable[..., Any] | None:
+    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
+    return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_mm, _typed(lib)[0]))

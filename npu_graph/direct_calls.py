@@ -1,31 +1,31 @@
-"""Direct calls of the fused ops in the CPU runtime.
+"""The CPU runtime's binders: what each name in a generated source's binding header
+(npu_graph.targets.cpu_bindings) stands for when the graph is loaded.
 
-The generated source calls `torch.ops.ascend_dsa.<op>.default(...)`. Going through torch.library's dispatcher
-costs ~20-35 µs a call (autograd wrapper, redispatch, schema checks), which decode-sized tensors do not
-amortize: a decode step calls ~40 fused ops. When the runtime builds a CompiledGraph it binds each such call
-to the op's own Python implementation instead: the same function the dispatcher ends up in, so results are
-identical. (The runtime runs the graph inside `kernels.checks.shapes_checked_at_trace`, so the ops skip the
-static argument checks their fake implementations made at trace time.) The stored source (and the cache)
-keep the `torch.ops` form. `bind_aten_calls` does the same for the ATen calls: each `torch.ops.aten.*` overload
-is bound once to its Python binding where that takes the same arguments (PYTHON_BINDINGS), else to the C++
-callable its `__call__` forwards to; the overloads whose kernels fork a thread team for tiny work run small
-calls on one thread (npu_graph.serial_calls).
+`DIRECT` is what runs. A fused op is its own Python implementation, not `torch.ops.ascend_dsa.<op>.default`:
+going through torch.library's dispatcher costs ~20-35 us a call (autograd wrapper, redispatch, schema checks),
+which decode-sized tensors do not amortize (a decode step calls ~40 fused ops); it is the function the
+dispatcher ends up in, so results are identical (the runtime runs the graph inside
+`kernels.checks.shapes_checked_at_trace`, so the ops skip the static argument checks their fake implementations
+made at trace time). An ATen overload is its Python binding where that takes the same arguments
+(PYTHON_BINDINGS), else the C++ callable its `__call__` forwards to; the overloads whose kernels fork a thread
+team for tiny work run small calls on one thread (npu_graph.serial_calls). A native kernel (skinny_mm,
+depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen overload.
+
+`AS_TRACED` binds every name to the torch.ops overload itself: the source as Dynamo and Inductor trace it.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._library import custom_ops
 
+from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
 from npu_graph.serial_calls import serial_when_small
+from npu_graph.targets.cpu_bindings import FUSED_PREFIX
 
-_CALL = re.compile(r"torch\.ops\.ascend_dsa\.(\w+)\.default\(")
-_ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)\(")
-PREFIX = "_ascend_dsa_direct_"
-ATEN_PREFIX = "_aten_"
+NATIVE_MODULES = {"skinny_mm": skinny_mm, "depthwise_conv1d": depthwise_conv1d, "dense_attention": dense_attention}
 
 
 def implementation(op_name: str) -> Callable[..., Any] | None:
@@ -34,23 +34,10 @@ def implementation(op_name: str) -> Callable[..., Any] | None:
     return None if opdef is None else opdef._init_fn
 
 
-def bind_direct_calls(source: str) -> tuple[str, dict[str, Callable[..., Any]]]:
-    """The source with every fused-op call that has a Python implementation rewritten to call it directly,
-    and the functions to put in the namespace it runs in."""
-    functions = {PREFIX + name: fn for name in set(_CALL.findall(source)) for fn in [implementation(name)]
-                 if fn is not None}
-
-    def replace(match: re.Match) -> str:
-        name = PREFIX + match.group(1)
-        return f"{name}(" if name in functions else match.group(0)
-
-    return _CALL.sub(replace, source), functions
-
-
-def profiler_labels(functions: dict[str, Callable[..., Any]]) -> dict[str, str]:
-    """The torch.profiler event name of each directly bound fused op (`ascend_dsa::<op>`, as the dispatcher
-    names it), for npu_graph.profiling."""
-    return {name: "ascend_dsa::" + name[len(PREFIX):] for name in functions if name.startswith(PREFIX)}
+def profiler_labels(namespace: dict[str, Any]) -> dict[str, str]:
+    """The torch.profiler event name of each fused op bound in a loaded graph's namespace (`ascend_dsa::<op>`,
+    as the dispatcher names it), for npu_graph.profiling."""
+    return {name: "ascend_dsa::" + name[len(FUSED_PREFIX):] for name in namespace if name.startswith(FUSED_PREFIX)}
 
 
 # Overloads that torch's Python bindings reach with the same arguments (as the generated source passes them:
@@ -72,17 +59,30 @@ def aten_callable(op: str, overload: str) -> Callable[..., Any]:
     return PYTHON_BINDINGS.get(f"{op}.{overload}") or getattr(getattr(torch.ops.aten, op), overload)._op
 
 
-def bind_aten_calls(source: str) -> tuple[str, dict[str, Callable[..., Any]]]:
-    """The source with every `torch.ops.aten.<op>.<overload>(` call calling `aten_callable` bound once under a
-    plain name: no attribute chain and no Python frame per call (~0.6 of ~2.4 us for a small op, ~1 us for the
-    ones with Python bindings)."""
-    functions: dict[str, Callable[..., Any]] = {}
+class DirectBinder:
+    """What runs (module docstring)."""
 
-    def replace(match: re.Match) -> str:
-        name = f"{ATEN_PREFIX}{match.group(1)}_{match.group(2)}"
-        if name not in functions:
-            overload = f"{match.group(1)}.{match.group(2)}"
-            functions[name] = serial_when_small(overload, aten_callable(match.group(1), match.group(2)))
-        return f"{name}("
+    def fused(self, op_name: str) -> Callable[..., Any]:
+        return implementation(op_name) or getattr(torch.ops.ascend_dsa, op_name).default
 
-    return _ATEN_CALL.sub(replace, source), functions
+    def aten(self, op: str, overload: str) -> Callable[..., Any]:
+        return serial_when_small(f"{op}.{overload}", aten_callable(op, overload))
+
+    def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
+        return NATIVE_MODULES[kernel].native_callable() or self.aten(op, overload)
+
+
+class TracedBinder:
+    """The torch.ops overloads themselves (module docstring)."""
+
+    def fused(self, op_name: str) -> Callable[..., Any]:
+        return getattr(torch.ops.ascend_dsa, op_name).default
+
+    def aten(self, op: str, overload: str) -> Callable[..., Any]:
+        return getattr(getattr(torch.ops.aten, op), overload)
+
+    def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
+        return self.aten(op, overload)
+
+
+DIRECT, AS_TRACED = DirectBinder(), TracedBinder()

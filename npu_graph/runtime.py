@@ -4,10 +4,8 @@ It is generated Python source (a `forward(self, *inputs)` function, and optional
 parameters whose outputs forward takes as extra inputs, and one `superkernel_N` function per SuperKernel
 region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
 and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
-longer needs them). When it is built, fused-op calls are bound to their Python implementations and ATen
-calls to their C++ callables (direct_calls); before that, the ATen calls a native kernel takes where it applies
-are bound to it: aten.mm for decode-sized operands (skinny_mm), depthwise 1-D convolutions (depthwise_conv1d)
-and CPU flash attention with small head dims (dense_attention).
+longer needs them). The source runs as it is: the CPU lowering bound its calls (npu_graph.targets.cpu_bindings),
+and its header resolves them through the `_bind` this module puts in its namespace (npu_graph.direct_calls).
 
 The prologue runs again whenever a parameter object or its version counter changes; with
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
@@ -19,8 +17,8 @@ import operator
 from types import SimpleNamespace
 from typing import Any
 
-from npu_graph.direct_calls import bind_aten_calls, bind_direct_calls, profiler_labels
-from npu_graph.kernels import dense_attention, depthwise_conv1d, env_settings, skinny_mm
+from npu_graph import direct_calls
+from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
 from npu_graph.profiling import ProfiledCalls
 from npu_graph.superkernel import bind_regions
@@ -43,10 +41,10 @@ def _nested_namespace(attributes: dict[str, Any]) -> SimpleNamespace:
 _VERSION = operator.attrgetter("_version")
 
 
-def _executed(source: str, globals_: dict[str, Any], name: str) -> dict[str, Any]:
-    """The namespace of `source` run as it is (torch.ops calls, no direct bindings): what Inductor traces."""
-    namespace = dict(globals_)
-    exec(compile(source, f"<ascend_dsa:{name}:plain>", "exec"), namespace)
+def _executed(source: str, globals_: dict[str, Any], name: str, binder: Any) -> dict[str, Any]:
+    """The namespace of `source` run with its calls bound by `binder` (direct_calls)."""
+    namespace = {**globals_, "_bind": binder}
+    exec(compile(source, f"<ascend_dsa:{name}>", "exec"), namespace)
     return namespace
 
 
@@ -62,19 +60,14 @@ class CompiledGraph:
         self.attributes = attributes
         self.globals_ = globals_
         self.param_indices = param_indices
-        runnable, namespace = bind_direct_calls(source)
-        labels = profiler_labels(namespace)
-        for bind in (skinny_mm.bind, depthwise_conv1d.bind, dense_attention.bind, bind_aten_calls):
-            runnable, names = bind(runnable)
-            namespace.update(names)
-        namespace = {**globals_, **namespace}
-        exec(compile(runnable, f"<ascend_dsa:{name}>", "exec"), namespace)
-        self._profiled = ProfiledCalls(namespace, labels)
+        namespace = _executed(source, globals_, name, direct_calls.DIRECT)
+        self._profiled = ProfiledCalls(namespace, direct_calls.profiler_labels(namespace))
         self._forward = namespace["forward"]
         self._prologue = namespace.get("prologue")
         self._self = _nested_namespace(attributes)
         compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
-        bind_regions(self._self, namespace, {} if compiler == "python" else _executed(source, globals_, name))
+        traced = {} if compiler == "python" else _executed(source, globals_, name, direct_calls.AS_TRACED)
+        bind_regions(self._self, namespace, traced)
         self.frozen_parameters = bool(namespace.get("FROZEN_PARAMETERS", False))
         self.prologue_runs = 0
         self._hoisted: tuple[Any, ...] = ()

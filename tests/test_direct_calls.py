@@ -3,38 +3,44 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.direct_calls import (
-    ATEN_PREFIX,
-    PREFIX,
-    PYTHON_BINDINGS,
-    aten_callable,
-    bind_aten_calls,
-    bind_direct_calls,
-    implementation,
-)
+from npu_graph.direct_calls import AS_TRACED, DIRECT, PYTHON_BINDINGS, aten_callable, implementation
+from npu_graph.targets.cpu_bindings import ATEN_PREFIX, FUSED_PREFIX, NATIVE_PREFIX, bind_source
 
 
-def test_fused_op_calls_are_bound_to_their_implementation():
-    source = ("def forward(self, x, g):\n"
+def test_lowering_binds_every_call_once_in_a_header():
+    source = ("def forward(self, x, g, w):\n"
               "    y = torch.ops.ascend_dsa.rms_norm.default(x, g, 1e-06)\n"
-              "    return (torch.ops.aten.add.Tensor(y[0], 1), torch.ops.ascend_dsa.no_such_op.default(x))\n")
-    runnable, functions = bind_direct_calls(source)
-    assert f"{PREFIX}rms_norm(x, g, 1e-06)" in runnable
-    assert "torch.ops.aten.add.Tensor" in runnable and "torch.ops.ascend_dsa.no_such_op.default(x)" in runnable
-    assert functions == {f"{PREFIX}rms_norm": implementation("rms_norm")}
+              "    z = torch.ops.aten.add.Tensor(y[0], 1)\n"
+              "    return (torch.ops.aten.add.Tensor(z, x), torch.ops.aten.mm.default(z, w))\n")
+    bound = bind_source(source)
+    assert "torch.ops" not in bound and bound.count(f"{ATEN_PREFIX}add_Tensor(") == 2
+    assert f"{FUSED_PREFIX}rms_norm = _bind.fused('rms_norm')" in bound
+    assert f"{NATIVE_PREFIX}skinny_mm = _bind.native('skinny_mm', 'mm', 'default')" in bound
+    assert bind_source("def forward(self, x):\n    return (x,)\n") == "def forward(self, x):\n    return (x,)\n"
 
 
-def test_aten_calls_are_bound_to_their_overloads():
-    source = ("def forward(self, x):\n    y = torch.ops.aten.add.Tensor(x, 1)\n"
-              "    z = torch.ops.aten.add.Tensor(y, x)\n    return torch.ops.aten.view.default(z, [-1])\n")
-    runnable, functions = bind_aten_calls(source)
-    assert "torch.ops" not in runnable and runnable.count(f"{ATEN_PREFIX}add_Tensor(") == 2
-    assert functions == {f"{ATEN_PREFIX}add_Tensor": torch.add, f"{ATEN_PREFIX}view_default": torch.Tensor.view}
+def test_binders_give_what_runs_and_what_is_traced():
+    assert DIRECT.fused("rms_norm") is implementation("rms_norm")
+    assert AS_TRACED.fused("rms_norm") is torch.ops.ascend_dsa.rms_norm.default
+    assert DIRECT.aten("add", "Tensor") is torch.add
+    assert DIRECT.aten("neg", "default") is aten_callable("neg", "default")
     assert aten_callable("neg", "default") is torch.ops.aten.neg.default._op
-    namespace = dict(functions)
-    exec(runnable, namespace)
-    x = torch.randn(2, 3)
-    assert torch.equal(namespace["forward"](None, x), (x + 1 + x).view(-1))
+    assert AS_TRACED.aten("add", "Tensor") is torch.ops.aten.add.Tensor
+    assert AS_TRACED.native("skinny_mm", "mm", "default") is torch.ops.aten.mm.default
+
+
+def test_bound_source_runs_like_the_plain_one():
+    source = ("def forward(self, x, g):\n    y = torch.ops.ascend_dsa.rms_norm.default(x, g, 1e-06)\n"
+              "    z = torch.ops.aten.add.Tensor(y[0], x)\n    return torch.ops.aten.view.default(z, [-1])\n")
+    x, g = torch.randn(2, 8), torch.rand(8)
+    results = []
+    for binder in (DIRECT, AS_TRACED):
+        namespace = {"torch": torch, "_bind": binder}
+        exec(bind_source(source), namespace)
+        results.append(namespace["forward"](None, x, g))
+    plain = {"torch": torch}
+    exec(source, plain)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], plain["forward"](None, x, g))
 
 
 def _binding_cases() -> dict[str, list[tuple]]:

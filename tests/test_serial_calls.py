@@ -46,10 +46,10 @@ def test_an_error_inside_restores_the_thread_count():
 
 def test_other_overloads_are_returned_unchanged_and_the_runtime_binds_the_listed_ones():
     assert serial_when_small("mul.Tensor", torch.mul) is torch.mul
-    _, functions = direct_calls.bind_aten_calls("y = torch.ops.aten.bmm.default(a, b)\n")
-    assert functions["_aten_bmm_default"] is not torch.bmm
+    bmm = direct_calls.DIRECT.aten("bmm", "default")
+    assert bmm is not torch.bmm
     a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
-    assert torch.equal(functions["_aten_bmm_default"](a, b), torch.bmm(a, b))
+    assert torch.equal(bmm(a, b), torch.bmm(a, b))
 
 
 def test_small_products_and_layer_norm_are_listed_with_their_work():

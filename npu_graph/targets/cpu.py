@@ -1,6 +1,7 @@
 """CPU lowering: turn the final graph into a CompiledGraph (generated source + constant plan).
 
-Fused `ascend_dsa` ops run their CPU implementations through torch.ops; everything else runs as ATen.
+Fused `ascend_dsa` ops run their CPU implementations, everything else runs as ATen (or a native kernel that
+takes the call), each call bound by the source's own header (npu_graph.targets.cpu_bindings).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch.fx
 from npu_graph import streams, superkernel
 from npu_graph.hoist import split_prologue
 from npu_graph.runtime import CompiledGraph
+from npu_graph.targets.cpu_bindings import bind_source
 
 
 def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
@@ -51,4 +53,4 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
         source = f"SUPERKERNEL_COMPILER = {gm.meta.get('superkernel_compiler', 'python')!r}\n" + source
     if prologue is not None and frozen_parameters:
         source = "FROZEN_PARAMETERS = True\n" + source
-    return CompiledGraph(name, source, globals_, attributes, tuple(used))
+    return CompiledGraph(name, bind_source(source), globals_, attributes, tuple(used))

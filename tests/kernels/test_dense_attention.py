@@ -115,19 +115,13 @@ def test_switched_off_takes_torch_kernel(monkeypatch):
     q, k, v = random_qkv((1, 2, 64, 16), (1, 2, 64, 16), seed=2)
     monkeypatch.setattr(dense_attention, "_aten_flash", lambda *a, **kw: "torch")
     assert dense_attention.flash_attention_for_cpu(q, k, v) == "torch"
-    assert dense_attention.bind("x = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)")[1] \
-        == {}
+    assert dense_attention.native_callable() is None
 
 
 @needs_native
-def test_bind_rewrites_flash_calls_only():
-    source = ("def forward(self, q, k, v):\n"
-              "    y = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True)\n"
-              "    return torch.ops.aten.mm.default(y[0], y[0])\n")
-    bound, names = dense_attention.bind(source)
-    assert list(names) == [dense_attention.NAME]
-    assert f"{dense_attention.NAME}(q, k, v, 0.0, True)" in bound and "torch.ops.aten.mm.default(" in bound
+def test_native_callable_takes_flash_calls():
+    """What the runtime binds the graph's flash-attention calls to (npu_graph.direct_calls)."""
+    flash = dense_attention.native_callable()
     q, k, v = random_qkv((1, 2, 80, 16), (1, 2, 80, 16), seed=6)
-    out, _ = names[dense_attention.NAME](q, k, v, 0.0, True, scale=None)
+    out, _ = flash(q, k, v, 0.0, True, scale=None)
     torch.testing.assert_close(out, aten_flash(q, k, v, 0.0, True)[0], rtol=1e-5, atol=2e-6)
-    assert dense_attention.bind("y = torch.ops.aten.mm.default(a, b)") == ("y = torch.ops.aten.mm.default(a, b)", {})

@@ -8,6 +8,7 @@ from native_paths import at_each_level, refuse
 
 from npu_graph.kernels import depthwise_conv1d, native
 from npu_graph.runtime import CompiledGraph
+from npu_graph.targets.cpu_bindings import bind_source
 
 LOADED, WHY = native.available(depthwise_conv1d.NATIVE_SOURCE)
 needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
@@ -145,36 +146,28 @@ def test_switched_off_takes_aten(monkeypatch):
     x, w = torch.randn(1, 2048, 192).transpose(1, 2), torch.randn(192, 1, 4)
     args = depthwise_args(None, 3, 192)
     assert torch.equal(depthwise_conv1d.conv1d(x, w, *args), ATEN(x, w, *args))
-    source = "def forward(self, x, w):\n    return torch.ops.aten.convolution.default(x, w, None, [1], [3], [1], " \
-             "False, [0], 192)\n"
-    assert depthwise_conv1d.bind(source) == (source, {})
+    assert depthwise_conv1d.native_callable() is None
 
 
-def test_bind_rewrites_only_convolution_calls():
-    source = ("def forward(self, x, w):\n"
-              "    y = torch.ops.aten.convolution.default(x, w, None, [1], [3], [1], False, [0], 192)\n"
-              "    return torch.ops.aten.mm.default(y[0], y[0].t())\n")
-    plain = "def forward(self, x):\n    return x\n"
-    assert depthwise_conv1d.bind(plain) == (plain, {})
+def test_native_callable_takes_convolutions():
+    """What the runtime binds the graph's aten.convolution calls to (npu_graph.direct_calls)."""
+    conv = depthwise_conv1d.native_callable()
     if not LOADED:
-        assert depthwise_conv1d.bind(source) == (source, {})
+        assert conv is None
         return
-    bound, names = depthwise_conv1d.bind(source)
-    assert f"{depthwise_conv1d.NAME}(x, w, None" in bound and "torch.ops.aten.mm.default(" in bound
     x, w = torch.randn(1, 2048, 192).transpose(1, 2), torch.randn(192, 1, 4)
     args = depthwise_args(None, 3, 192)
-    torch.testing.assert_close(names[depthwise_conv1d.NAME](x, w, *args), ATEN(x, w, *args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(conv(x, w, *args), ATEN(x, w, *args), rtol=1e-5, atol=1e-5)
 
 
 @needs_native
 def test_runtime_binds_convolutions(monkeypatch):
-    """A CompiledGraph runs its aten.convolution calls through the native kernel (the stored source keeps the aten
-    form)."""
+    """A CompiledGraph runs its aten.convolution calls through the native kernel, as its source says."""
     source = ("def forward(self, x, w):\n"
               "    y = torch.ops.aten.convolution.default(x, w, None, [1], [3], [1], False, [0], 64)\n"
               "    return (torch.ops.aten.slice.Tensor(y, 2, 0, 100),)\n")
-    graph = CompiledGraph("conv", source, {"torch": torch}, {})
-    assert "aten.convolution" in graph.source
+    graph = CompiledGraph("conv", bind_source(source), {"torch": torch}, {})
+    assert "_native_depthwise_conv1d(x, w, None" in graph.source
     x, w = torch.randn(2, 100, 64).transpose(1, 2), torch.randn(64, 1, 4)
     ref = ATEN(x, w, *depthwise_args(None, 3, 64))[:, :, :100]
     refuse_aten(monkeypatch)

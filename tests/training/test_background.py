@@ -13,7 +13,7 @@ def test_background_training_fills_the_compiled_model_in_place(tmp_path, monkeyp
     monkeypatch.setattr(background, "QUICK_MINUTES", 0.02)
     model, training = background.quick_model("stdlib")
     assert training is not None
-    params = {name: p for name, p in model.named_parameters()}
+    params = dict(model.named_parameters())
     before = {name: p.detach().clone() for name, p in params.items()}
     with training:
         assert training.load_into(model) is model
@@ -27,9 +27,10 @@ def test_background_training_fills_the_compiled_model_in_place(tmp_path, monkeyp
 
 
 def test_failed_background_training_is_a_clear_error(tmp_path):
-    with background.BackgroundTraining("no-such-config", 0, tmp_path / "out", minutes=0.01) as training:
-        with pytest.raises(checkpoint.CheckpointError, match="training the quick checkpoint failed .*ascend-dsa train"):
-            training.load_into(None)
+    failed = r"training the quick checkpoint failed .*ascend-dsa train"
+    with background.BackgroundTraining("no-such-config", 0, tmp_path / "out", minutes=0.01) as training, \
+            pytest.raises(checkpoint.CheckpointError, match=failed):
+        training.load_into(None)
 
 
 def test_leaving_early_stops_the_training(tmp_path):

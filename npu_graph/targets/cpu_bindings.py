@@ -1,0 +1,50 @@
+"""Binding a CPU graph's calls, a lowering step: the generated source's `torch.ops.ascend_dsa.<op>.default(`
+and `torch.ops.aten.<op>.<overload>(` calls become calls of plain names, each bound once by a header of
+assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_mul_Tensor = _bind.aten("mul",
+"Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`).
+
+The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
+`_bind` is the runtime's binder (npu_graph.direct_calls): fused ops' Python implementations, ATen callables,
+native kernels where their library is loaded (ASCEND_DSA_NATIVE=0 is read then) — or, for a trace of the source
+(an Inductor SuperKernel region), the torch.ops overloads themselves.
+"""
+from __future__ import annotations
+
+import re
+
+FUSED_PREFIX = "_ascend_dsa_direct_"
+ATEN_PREFIX = "_aten_"
+NATIVE_PREFIX = "_native_"
+HEADER = "# calls bound when the graph is loaded (npu_graph.targets.cpu_bindings)\n"
+
+_FUSED_CALL = re.compile(r"torch\.ops\.ascend_dsa\.(\w+)\.default\(")
+_ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)\(")
+
+# ATen overloads a native kernel takes where it applies (its module in npu_graph.kernels; the overload otherwise)
+NATIVE_KERNELS = {"mm.default": "skinny_mm", "convolution.default": "depthwise_conv1d",
+                  "_scaled_dot_product_flash_attention_for_cpu.default": "dense_attention"}
+
+
+def bind_source(source: str) -> str:
+    """`source` with its fused-op and ATen calls calling names that a header binds once (module docstring)."""
+    bindings: dict[str, str] = {}
+
+    def fused(match: re.Match) -> str:
+        name = FUSED_PREFIX + match.group(1)
+        bindings[name] = f"_bind.fused({match.group(1)!r})"
+        return name + "("
+
+    def aten(match: re.Match) -> str:
+        op, overload = match.groups()
+        kernel = NATIVE_KERNELS.get(f"{op}.{overload}")
+        if kernel:
+            name, expr = NATIVE_PREFIX + kernel, f"_bind.native({kernel!r}, {op!r}, {overload!r})"
+        else:
+            name, expr = f"{ATEN_PREFIX}{op}_{overload}", f"_bind.aten({op!r}, {overload!r})"
+        bindings[name] = expr
+        return name + "("
+
+    body = _ATEN_CALL.sub(aten, _FUSED_CALL.sub(fused, source))
+    if not bindings:
+        return source
+    return HEADER + "".join(f"{name} = {expr}\n" for name, expr in sorted(bindings.items())) + body
