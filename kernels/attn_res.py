@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "attn_res"
@@ -141,11 +141,8 @@ def direct_phase(blocks: torch.Tensor, partial: torch.Tensor | None, queries: to
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], bool]:
-    fn = lib.ar_rows
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr]
-    fn.restype = ctypes.c_int
-    return fn, bool(lib.ar_has_f16())
+    has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "ar_has_f16")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "ar_rows"), bool(has_f16())
 
 
 def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,

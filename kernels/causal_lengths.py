@@ -18,7 +18,7 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank
 
 _ADDITIVE_MASKED = -1e30      # also in native/causal_lengths.c
@@ -41,11 +41,7 @@ def _visible(mask: Tensor, additive: bool) -> Tensor:
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    fn = lib.cl_lengths
-    i64 = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "cl_lengths")
 
 
 def _native_lengths(mask: Tensor, additive: bool) -> Tensor | None:

@@ -17,18 +17,14 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import native, native_prototypes
 
 NATIVE_SOURCE = "kda"
 
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    fn = lib.kda_recurrence_states
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_float, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64]
-    fn.restype = ctypes.c_int
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "kda_recurrence_states")
 
 
 def _fp32(x: Tensor) -> Tensor:

@@ -20,19 +20,18 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import native, native_prototypes
 
 NATIVE_SOURCE = "lightning_indexer"
 
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool]:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    scores, topk = lib.li_scores, lib.li_topk
-    scores.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_int, ptr]
-    topk.argtypes = [ptr, i64, i64, ptr, ptr]
-    scores.restype = topk.restype = ctypes.c_int
-    return scores, topk, bool(lib.li_has_f16()), bool(lib.li_has_bf16_dot())
+    has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_f16")
+    has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_bf16_dot")
+    scores = native_prototypes.typed(lib, NATIVE_SOURCE, "li_scores")
+    topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_topk")
+    return scores, topk, bool(has_f16()), bool(has_bf16_dot())
 
 
 def _readable(key: Tensor) -> bool:

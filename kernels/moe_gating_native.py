@@ -14,7 +14,7 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native
+from npu_graph.kernels import native, native_prototypes
 
 NATIVE_SOURCE = "moe_gating"
 MAX_SCORES = 1 << 16          # rows x experts above which the vectorised torch path is used
@@ -22,12 +22,7 @@ MAX_SCORES = 1 << 16          # rows x experts above which the vectorised torch 
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    fn = lib.mg_select
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_float,
-                   ptr, ptr]
-    fn.restype = ctypes.c_int
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "mg_select")
 
 
 def takes_shape(x: torch.Tensor) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import require, require_dtype, require_same, static_checks_needed
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -71,11 +71,8 @@ def _row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., None], bool]:
-    fn = lib.rn_rows
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, ctypes.c_float, ptr, ptr]
-    fn.restype = None
-    return fn, bool(lib.rn_has_f16())
+    has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "rn_has_f16")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "rn_rows"), bool(has_f16())
 
 
 def _native_kernel(x: Tensor) -> Callable[..., None] | None:

@@ -24,7 +24,7 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -73,11 +73,7 @@ def _swap(d: int, rotary_mode: str, dtype: torch.dtype, device: torch.device) ->
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    fn = lib.ro_rows
-    ptr = ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
-    fn.restype = None
-    return fn
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "ro_rows")
 
 
 def _native_rows(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor | None:

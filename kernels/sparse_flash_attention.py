@@ -53,7 +53,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -293,12 +293,8 @@ def _attend_row(readers: _Readers, b: int, q: Tensor, q_rope: Tensor | None, pos
 @functools.cache
 def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
     """(the kernel's entry point with its C signature, whether the build reads fp16)."""
-    fn = lib.sfa_attend
-    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i32, ptr, i64, ptr, i64, ptr, i64, ptr,
-                   i64, i32, i32, ctypes.c_float, i32, i32, i64, ptr, ptr, ptr]
-    fn.restype = i32
-    return fn, bool(lib.sfa_has_f16())
+    has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_has_f16")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16())
 
 
 def _row_major(x: Tensor | None, paged: bool) -> bool:
