@@ -1,5 +1,6 @@
 """Native CPU kernels: the plain C sources in kernels/native/ (no torch headers), compiled at first use with the
-system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers.
+system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers to the functions
+kernels/native_prototypes.py types from their C declarations (no hand-written argtypes).
 
 `load(name)` builds kernels/native/<name>.c for the active instruction-set level (kernels/cpu_isa.py: detected,
 or forced lower with ASCEND_DSA_CPU_ISA) once per machine and process; `native_entry` binds a compiled graph's
