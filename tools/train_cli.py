@@ -18,6 +18,8 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--steps", type=positive_int, default=None, help="train exactly this many steps instead "
                        "(reproducible for a seed)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--batch", type=positive_int, default=8, help="sequences per step (default: 8)")
+    train.add_argument("--seq-len", type=positive_int, default=256, help="bytes per sequence (default: 256)")
     train.add_argument("--out", default=None, help="checkpoint folder (default: under the cache directory, "
                        "ASCEND_DSA_CACHE_DIR)")
     train.add_argument("--json", action="store_true", help="print the training record as JSON")
@@ -36,7 +38,8 @@ def run_train(args: argparse.Namespace) -> int:
     if not args.minutes > 0:
         print(f"ascend-dsa train: --minutes must be positive, got {args.minutes}", file=sys.stderr)
         return 2
-    settings = TrainSettings(config=args.config, seed=args.seed, minutes=args.minutes, max_steps=args.steps)
+    settings = TrainSettings(config=args.config, seed=args.seed, minutes=args.minutes, max_steps=args.steps,
+                             batch=args.batch, seq_len=args.seq_len)
     record = train(settings, out=args.out)
     if args.mtp_minutes > 0:
         record["mtp"] = _train_mtp(args, record["path"])

@@ -18,7 +18,14 @@ import torch
 
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.training import checkpoint
-from npu_graph.training.loop import QUICK_MINUTES, announce_training, checkpoint_paths, load_first
+from npu_graph.training.loop import (
+    QUICK_BATCH,
+    QUICK_MINUTES,
+    QUICK_SEQ_LEN,
+    announce_training,
+    checkpoint_paths,
+    load_first,
+)
 
 
 class BackgroundTraining:
@@ -28,7 +35,8 @@ class BackgroundTraining:
     def __init__(self, config: str, seed: int, out: Path, minutes: float = QUICK_MINUTES) -> None:
         self.config, self.out = config, out
         command = [sys.executable, "-m", "npu_graph", "train", "--config", config, "--seed", str(seed),
-                   "--minutes", str(minutes), "--out", str(out)]
+                   "--minutes", str(minutes), "--batch", str(QUICK_BATCH), "--seq-len", str(QUICK_SEQ_LEN),
+                   "--out", str(out)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the other core compiles
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
 
