@@ -166,12 +166,13 @@ def _run_side_by_side(models: dict[str, Any], model: HybridLM, ids: torch.Tensor
                       compiled_already: bool) -> SideBySide:
     runner = SideBySide(models, ids, {name: model.new_cache(1) for name in models})
 
-    def compiles(what: str) -> str:
-        return "" if compiled_already else f" (the first compiled call compiles the {what} graph)"
+    def compiles(note: str) -> str:
+        return "" if compiled_already else f" ({note})"
 
-    with progress.step(f"prefill, eager then compiled{compiles('prefill')}", "demo"):
+    with progress.step(f"prefill, eager then compiled{compiles('the first compiled call compiles the prefill graph')}",
+                       "demo"):
         runner.step()
-    with progress.step(f"first decode step{compiles('decode')}", "demo"):
+    with progress.step(f"first decode step{compiles('compiles the decode graph')}", "demo"):
         runner.step()
     if steps > 1:
         with progress.step(f"{steps - 1} more decode steps", "demo"):
