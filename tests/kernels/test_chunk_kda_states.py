@@ -3,23 +3,16 @@ recurrence and the torch step loop: each checkpoint is bitwise the final state o
 the readable reference recurrence, and the outputs are chunk_kda's; errors name the bad argument."""
 import pytest
 import torch
+from native_paths import native_and_torch
 from test_chunk_kda import make_inputs
 
-from npu_graph.kernels import chunk_kda_native, native
+from npu_graph.kernels import chunk_kda_native
 from npu_graph.kernels.chunk_kda import reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
 
 
-@pytest.fixture(params=["native", "torch"])
-def path(request, monkeypatch):
-    if request.param == "native":
-        loaded, why = native.available(chunk_kda_native.NATIVE_SOURCE)
-        if not loaded:
-            pytest.skip(f"native kernel not available: {why}")
-    else:
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    return request.param
+path = native_and_torch(chunk_kda_native.NATIVE_SOURCE)   # the native recurrence at each level, and torch's
 
 
 @pytest.mark.parametrize(("b", "t", "h", "dk", "dv", "n"), [
