@@ -59,19 +59,6 @@ def aten_callable(op: str, overload: str) -> Callable[..., Any]:
     return PYTHON_BINDINGS.get(f"{op}.{overload}") or getattr(getattr(torch.ops.aten, op), overload)._op
 
 
-class DirectBinder:
-    """What runs (module docstring)."""
-
-    def fused(self, op_name: str) -> Callable[..., Any]:
-        return implementation(op_name) or getattr(torch.ops.ascend_dsa, op_name).default
-
-    def aten(self, op: str, overload: str) -> Callable[..., Any]:
-        return serial_when_small(f"{op}.{overload}", aten_callable(op, overload))
-
-    def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
-        return NATIVE_MODULES[kernel].native_callable() or self.aten(op, overload)
-
-
 class TracedBinder:
     """The torch.ops overloads themselves (module docstring)."""
 
@@ -83,6 +70,19 @@ class TracedBinder:
 
     def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
         return self.aten(op, overload)
+
+
+class DirectBinder(TracedBinder):
+    """What runs (module docstring); the overloads where there is nothing more direct."""
+
+    def fused(self, op_name: str) -> Callable[..., Any]:
+        return implementation(op_name) or super().fused(op_name)
+
+    def aten(self, op: str, overload: str) -> Callable[..., Any]:
+        return serial_when_small(f"{op}.{overload}", aten_callable(op, overload))
+
+    def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
+        return NATIVE_MODULES[kernel].native_callable() or super().native(kernel, op, overload)
 
 
 DIRECT, AS_TRACED = DirectBinder(), TracedBinder()
