@@ -139,13 +139,15 @@ class GraphDump:
                 log.warning("ascend_dsa: writing dump file %s failed (%s); dump stopped for this graph",
                             filename, exc)
 
-    def _write_made(self, filename: str, make_text: Callable[[], str]) -> None:
+    def _write_made(self, filename: str, make_text: Callable[[], str]) -> str | None:
+        """Writes make_text(); returns the text, or None when making it failed (warned)."""
         try:
             text = make_text()
         except Exception as exc:  # a dump must never stop compilation
             log.warning("ascend_dsa: describing %s failed (%s)", filename, exc)
-            return
+            return None
         self._write(filename, text)
+        return text
 
     def write_stage(self, index: int, stage: str, gm: torch.fx.GraphModule, info: dict[str, Any],
                     changed: bool = True) -> None:
@@ -153,15 +155,10 @@ class GraphDump:
         and its record with every node described (.json, one node per line)."""
         stem = f"{index:02d}_{stage}"
         if changed or self._listing is None:
-            self._listing = None
-            self._write_made(stem + ".txt", lambda: self._remember_listing(graph_text(gm)))
+            self._listing = self._write_made(stem + ".txt", lambda: graph_text(gm))
         else:
             self._write(stem + ".txt", self._listing)
         self._write_made(stem + ".json", lambda: stage_json({"stage": stage, **info}, describe_graph(gm)))
-
-    def _remember_listing(self, text: str) -> str:
-        self._listing = text
-        return text
 
     def write_text(self, filename: str, text: str) -> None:
         self._write(filename, text)
