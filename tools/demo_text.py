@@ -21,16 +21,19 @@ def quantized(model: HybridLM) -> Any:
 
 
 def warm(compiled: Any, model: HybridLM, prompt: torch.Tensor, kv_dtype: torch.dtype = torch.float32) -> float:
-    """Compile `compiled`'s graphs as a continuation uses them (prefill, first decode step, then the decode
-    graph every later step takes); returns the first (prefill-compiling) call's seconds."""
-    start = time.perf_counter()
+    """Compile `compiled`'s graphs by a short continuation (prefill, first decode step, then the decode graph every
+    later step takes), called as `continuations` calls it; returns the first (prefill-compiling) call's seconds."""
+    seconds = []
+
+    def timed(ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        logits = compiled(ids, cache)
+        seconds.append(time.perf_counter() - start)
+        return logits
+
     with torch.no_grad():
-        cache = model.new_cache(1, kv_dtype=kv_dtype)
-        token = compiled(prompt, cache)[:, -1:].argmax(-1)
-        seconds = time.perf_counter() - start
-        for _ in range(2):
-            token = compiled(token, cache)[:, -1:].argmax(-1)
-    return seconds
+        generate_greedy(timed, prompt, 3, model.new_cache(1, kv_dtype=kv_dtype))
+    return seconds[0]
 
 
 def continuations(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: Any,
