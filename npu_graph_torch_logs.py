@@ -11,7 +11,7 @@ its torch version check) in every `import torch` of the environment, and a failu
 Here it costs one environment lookup, and the names are registered only when TORCH_LOGS asks for one of them:
 a registered logger belongs to torch's logging (its handler, no propagation to the root logger), so the
 `npu_graph` logger otherwise stays a plain Python logger. The backend registers the names again when it is
-imported (npu_graph.trace), so `torch._logging.set_logs(modules={"ascend_dsa": logging.INFO})` works
+imported (npu_graph.observe.trace), so `torch._logging.set_logs(modules={"ascend_dsa": logging.INFO})` works
 in any process.
 """
 from __future__ import annotations

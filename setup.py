@@ -12,9 +12,12 @@ setup(
     python_requires=">=3.10",
     packages=[
         "npu_graph",
+        "npu_graph.cache",
         "npu_graph.models",
+        "npu_graph.observe",
         "npu_graph.generate",
         "npu_graph.parallel",
+        "npu_graph.runtime",
         "npu_graph.targets",
         "npu_graph.training",
         "npu_graph.passes",

@@ -103,6 +103,6 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
 
 
 def native_callable() -> Callable[..., Any] | None:
-    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    """What the CPU runtime binds this kernel's ATen calls to (runtime.direct_calls): the native entry, or None
     when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
     return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_flash, _typed(lib)))

@@ -123,6 +123,6 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int]
 
 
 def native_callable() -> Callable[..., Any] | None:
-    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    """What the CPU runtime binds this kernel's ATen calls to (runtime.direct_calls): the native entry, or None
     when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
     return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_conv, _typed(lib)))

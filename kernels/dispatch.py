@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from torch.autograd import profiler as autograd_profiler
 
-from npu_graph import trust
+from npu_graph.cache import trust
 from npu_graph.kernels import cpu_isa, env_settings, native
 
 T = TypeVar("T")
@@ -165,7 +165,7 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
         known = _remember(op, level, cls, found["impl"])
     _used.setdefault(op, set()).add(known[1])
     chosen = native_fn if known[0] == "native" else torch_fn
-    if autograd_profiler._is_profiler_enabled:  # an event naming the implementation (npu_graph.profiling)
+    if autograd_profiler._is_profiler_enabled:  # an event naming the implementation (npu_graph.runtime.profiling)
         with autograd_profiler.record_function(f"ascend_dsa::{op}/{known[1]}"):
             return chosen()
     return chosen()

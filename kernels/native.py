@@ -20,7 +20,7 @@ torch already loaded: no second thread pool.
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
 keep their torch path; a failed build (with the compiler's error) and a missing compiler are each reported by
-one NativeLibraryWarning. A build shows progress on stderr (npu_graph.progress).
+one NativeLibraryWarning. A build shows progress on stderr (npu_graph.observe.progress).
 Where both exist, kernels/dispatch.py decides per shape class which one runs.
 """
 import contextlib
@@ -41,8 +41,9 @@ from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
-from npu_graph import progress, trust
+from npu_graph.cache import trust
 from npu_graph.kernels import cpu_isa, env_settings, native_trust
+from npu_graph.observe import progress
 
 SOURCE_DIR = Path(__file__).parent / "native"
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
@@ -210,7 +211,7 @@ def available(name: str) -> tuple[bool, str]:
 
 
 def native_entry(library: str, make: Callable[[ctypes.CDLL], Callable[..., Any]]) -> Callable[..., Any] | None:
-    """For the CPU runtime's binder (npu_graph.direct_calls): make(lib), lib being kernels/native/<library>.c
+    """For the CPU runtime's binder (npu_graph.runtime.direct_calls): make(lib), lib being kernels/native/<library>.c
     loaded, or None when it is not (ASCEND_DSA_NATIVE=0 is read here, when a graph is loaded)."""
     loaded = load(library)
     return make(loaded.lib) if loaded else None

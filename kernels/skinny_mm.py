@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from npu_graph.kernels import dispatch, native, native_prototypes
-from npu_graph.serial_calls import serial_when_small
+from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "skinny_mm"
 MAX_ROWS = 4            # measured: parity with MKL at 8 rows of a [512, 512] weight, 1.3-2.4x faster at 4
@@ -94,6 +94,6 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 
 
 def native_callable() -> Callable[..., Any] | None:
-    """What the CPU runtime binds this kernel's ATen calls to (npu_graph.direct_calls): the native entry, or None
+    """What the CPU runtime binds this kernel's ATen calls to (runtime.direct_calls): the native entry, or None
     when the native library is not loaded (or ASCEND_DSA_NATIVE=0 when the graph is loaded)."""
     return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_mm, _typed(lib)[0]))

@@ -23,18 +23,18 @@ from typing import Any
 
 import torch.fx
 
-from npu_graph.cache_entry import Artifact
-from npu_graph.cache_key import Uncacheable
+from npu_graph.cache.entry import Artifact
+from npu_graph.cache.key import Uncacheable
+from npu_graph.cache.manager import CompileCache, make_artifact
 from npu_graph.capture import capture_and_compile
-from npu_graph.compile_cache import CompileCache, make_artifact
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
-from npu_graph.dump import GraphDump, current_compile_id, dump_matches_entry
-from npu_graph.implementations import refreshed_after_first_call
 from npu_graph.kernels.checks import FusedPreconditionError
-from npu_graph.report import GraphReport
-from npu_graph.trace import log_code
-from npu_graph.verify import verified
+from npu_graph.observe.dump import GraphDump, current_compile_id, dump_matches_entry
+from npu_graph.observe.implementations import refreshed_after_first_call
+from npu_graph.observe.report import GraphReport
+from npu_graph.observe.trace import log_code
+from npu_graph.observe.verify import verified
 
 log = logging.getLogger("npu_graph")
 

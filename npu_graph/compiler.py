@@ -9,15 +9,15 @@ from typing import Any
 import torch.fx
 
 from npu_graph.config import CompilerConfig
-from npu_graph.dump import GraphDump
-from npu_graph.implementations import implementations
+from npu_graph.observe.dump import GraphDump
+from npu_graph.observe.implementations import implementations
+from npu_graph.observe.report import GraphReport, fused_op_counts, op_count
+from npu_graph.observe.trace import traced_dump
 from npu_graph.parallel.ep_report import expert_parallel_summary
 from npu_graph.pass_api import PassContext
 from npu_graph.pipeline import run_pipeline
-from npu_graph.report import GraphReport, fused_op_counts, op_count
-from npu_graph.runtime import CompiledGraph
+from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets import cpu, npu
-from npu_graph.trace import traced_dump
 
 
 class CompileStepError(RuntimeError):
@@ -36,7 +36,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
                   report: GraphReport, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
     """Run the pipeline on an AOT graph and lower it; fills `report` and writes the stage dumps (the
     caller writes summary.json once the cache decision is known). `param_indices` are the inputs that are
-    model parameters: work that reads only them is hoisted into a prologue (npu_graph.hoist)."""
+    model parameters: work that reads only them is hoisted into a prologue (npu_graph.runtime.hoist)."""
     start = time.perf_counter()
     dump = GraphDump.create(config.debug.graph_dump.path, report.name) if config.debug.graph_dump.path \
         else None

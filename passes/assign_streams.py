@@ -1,10 +1,10 @@
 """assign_streams: put independent work on up to `streams.count` streams, with explicit events between them.
 
 What vllm-ascend writes by hand (`npu_stream_switch`, `npu_wait_tensor`) is derived here from the graph: a
-cost per node (npu_graph.cost_model, the profile of the graph's device), the dependencies (data and in-place
+cost per node (streams/cost_model.py, the profile of the graph's device), the dependencies (data and in-place
 writes, streams/deps.py) and list scheduling (streams/schedule.py) give every call_function node its
 node.meta["stream"]. The graph is then reordered to launch runs of one stream, and every use of a value
-from another stream waits on an event recorded after its producer (npu_graph.streams.record_event /
+from another stream waits on an event recorded after its producer (npu_graph.runtime.streams.record_event /
 wait_event); the graph output waits for every side stream. On CUDA / Ascend graphs, set_stream nodes switch
 the launching stream. The plan goes to summary.json `streams`; with one stream the graph is unchanged.
 """
@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from npu_graph.cost_model import is_free, node_seconds, profile_for
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.streams.cost_model import is_free, node_seconds, profile_for
 from npu_graph.passes.streams.deps import dependencies
 from npu_graph.passes.streams.prologs import prolog_plans
 from npu_graph.passes.streams.schedule import Slot, program_order, schedule
-from npu_graph.streams import Clocks, record_event, set_stream, stream_of, unordered_uses, wait_event
+from npu_graph.runtime.streams import Clocks, record_event, set_stream, stream_of, unordered_uses, wait_event
 
 NAME = "assign_streams"
 INFERENCE_ONLY = True

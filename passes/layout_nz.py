@@ -4,7 +4,7 @@ A weight is a model parameter (PassContext.param_indices) read, through views on
 bmm, baddbmm, linear, fused_moe). Its plan goes into node.meta["layout"] of the placeholder:
 {"format": "FRACTAL_NZ" | "ND", "fractal": [16, 16] (16-bit and 32-bit) | [16, 32] (8-bit) | None, "reason"}.
 The NPU target casts NZ weights once at load (`torch_npu.npu_format_cast(w, 29)`). The CPU target realises the
-plan as the form its GEMM is measured fastest with (npu_graph.cpu_gemm_profile): `mm(x, t(w))` becomes
+plan as the form its GEMM is measured fastest with (npu_graph.targets.cpu_gemm_profile): `mm(x, t(w))` becomes
 `mm(x, clone(t(w)))`, a contiguous pre-transposed weight that the parameter prologue computes once per
 parameter version, never per call. Numbers are unchanged. `layout.nz="off"` plans ND everywhere and leaves
 the CPU weights as they are.
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from npu_graph.cpu_gemm_profile import preferred_form
 from npu_graph.kernels.nz import nz_fractal
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.values import RESHAPES, UNIT_DIMS, val
+from npu_graph.targets.cpu_gemm_profile import preferred_form
 
 NAME = "layout_nz"
 INFERENCE_ONLY = True

@@ -3,7 +3,7 @@
 What vllm-ascend marks by hand with torchair `super_kernel` scopes is derived here: walking the graph in
 order, consecutive pure ATen compute nodes on the same stream form a region; a fused `ascend_dsa` op, an
 in-place write, a stream event or a change of stream ends it. Regions with at least two operators become a
-call_module node over a submodule `superkernel_N` (npu_graph.superkernel; node.meta["superkernel"] = N on
+call_module node over a submodule `superkernel_N` (npu_graph.runtime.superkernel; node.meta["superkernel"] = N on
 the call and on the nodes inside). The CPU target compiles each region as one callable (plain Python, or
 Inductor with `superkernel.compiler="inductor"`, or the faster of both, timed at the first call, with
 "measured", the max-autotune modes' choice); the NPU target opens a `super_kernel` scope per region.
@@ -15,9 +15,9 @@ import operator
 import torch
 import torch.fx
 
-from npu_graph.cost_model import is_free
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.superkernel import PREFIX, is_region, wrap
+from npu_graph.passes.streams.cost_model import is_free
+from npu_graph.runtime.superkernel import PREFIX, is_region, wrap
 
 NAME = "partition_superkernels"
 INFERENCE_ONLY = True

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.disk_cache import CacheWarning
+from npu_graph.cache.disk_store import CacheWarning
 
 MODEL = textwrap.dedent("""
     import torch

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph import CompilerConfig, ConfigError, get_backend, runtime
-from npu_graph.autotune import MeasuredChoice
+from npu_graph import CompilerConfig, ConfigError, get_backend
 from npu_graph.backend import CompilationFallbackWarning, OptionsMergedWarning
 from npu_graph.config import MODES
+from npu_graph.runtime import compiled_graph as runtime
+from npu_graph.runtime.autotune import MeasuredChoice
 
 
 @pytest.fixture(autouse=True)

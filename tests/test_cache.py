@@ -12,8 +12,8 @@ from cache_helpers import MODEL, compile_once, isolated_key
 
 import npu_graph
 from npu_graph import backend as backend_module
-from npu_graph import cache_key
-from npu_graph.disk_cache import CacheWarning, DiskCache
+from npu_graph.cache import key as cache_key
+from npu_graph.cache.disk_store import CacheWarning, DiskCache
 
 own_key = isolated_key()
 
@@ -60,7 +60,7 @@ def test_entry_files_are_private_and_not_pickles(tmp_path):
 def test_key_is_stable_across_processes_and_hash_seeds():
     code = MODEL + textwrap.dedent("""
         import npu_graph
-        from npu_graph import cache_key
+        from npu_graph.cache import key as cache_key
         out = {}
         def grab(gm, ex, **kw):
             out["k"] = cache_key.cache_key(cache_key.key_material(gm, ex, npu_graph.CompilerConfig(), True))
@@ -122,7 +122,7 @@ def test_source_digest_follows_every_source_file_wherever_installed(tmp_path):
 def test_source_digest_covers_the_helpers_lowering_runtime_and_kernels_of_the_real_package(monkeypatch):
     names = {name for name, _ in cache_key.source_files(cache_key.package_roots())}
     for helper in ("npu_graph.passes/matching/axis_trace.py", "npu_graph.passes/matching/match_util.py",
-                   "npu_graph/hoist.py", "npu_graph/runtime.py", "npu_graph/targets/cpu.py",
+                   "npu_graph/runtime/hoist.py", "npu_graph/runtime/compiled_graph.py", "npu_graph/targets/cpu.py",
                    "npu_graph.kernels/rms_norm.py", "npu_graph.kernels/native/rms_norm.c"):
         assert helper in names, helper
     assert not any(name.startswith("npu_graph/tools/") or "__pycache__" in name for name in names)

@@ -8,8 +8,9 @@ import pytest
 import torch
 from cache_helpers import compile_once, isolated_key, one_cache_warning, read_only
 
-from npu_graph import cache_entry, disk_cache
-from npu_graph.disk_cache import CacheWarning, DiskCache
+from npu_graph.cache import disk_store as disk_cache
+from npu_graph.cache import entry as cache_entry
+from npu_graph.cache.disk_store import CacheWarning, DiskCache
 
 own_key = isolated_key()
 

@@ -8,8 +8,8 @@ import torch
 from cache_helpers import compile_once, isolated_key
 
 from npu_graph import backend as backend_module
-from npu_graph import dump as dump_module
-from npu_graph.report import GraphReport
+from npu_graph.observe import dump as dump_module
+from npu_graph.observe.report import GraphReport
 
 own_key = isolated_key()
 

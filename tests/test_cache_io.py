@@ -13,9 +13,9 @@ import torch
 from cache_helpers import Net, compile_once, isolated_key, one_cache_warning
 
 import npu_graph
-from npu_graph import cache_folder
-from npu_graph import dump as dump_module
-from npu_graph.disk_cache import DiskCache, default_root
+from npu_graph.cache import folder as cache_folder
+from npu_graph.cache.disk_store import DiskCache, default_root
+from npu_graph.observe import dump as dump_module
 
 own_key = isolated_key()
 KEY = "ab" * 32

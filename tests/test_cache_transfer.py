@@ -8,11 +8,12 @@ import tarfile
 import pytest
 from cache_helpers import add_payload, compile_once, isolated_key, read_only
 
-from npu_graph import cache_key, cache_transfer
-from npu_graph.cache_folder import SCHEMA
-from npu_graph.cache_transfer import CacheImportError, export_cache, import_cache
-from npu_graph.disk_cache import DiskCache
-from npu_graph.trust import key_path, read_private_file
+from npu_graph.cache import key as cache_key
+from npu_graph.cache import transfer as cache_transfer
+from npu_graph.cache.disk_store import DiskCache
+from npu_graph.cache.folder import SCHEMA
+from npu_graph.cache.transfer import CacheImportError, export_cache, import_cache
+from npu_graph.cache.trust import key_path, read_private_file
 
 own_key = isolated_key()
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from cache_helpers import add_payload, compile_once, isolated_key, one_cache_warning, owned_by_someone_else
 
-from npu_graph.disk_cache import DiskCache
+from npu_graph.cache.disk_store import DiskCache
 
 own_key = isolated_key()
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.direct_calls import AS_TRACED, DIRECT, PYTHON_BINDINGS, aten_callable, implementation
+from npu_graph.runtime.direct_calls import AS_TRACED, DIRECT, PYTHON_BINDINGS, aten_callable, implementation
 from npu_graph.targets.cpu_bindings import ATEN_PREFIX, FUSED_PREFIX, NATIVE_PREFIX, bind_source
 
 

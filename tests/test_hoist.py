@@ -2,7 +2,7 @@
 import torch
 
 import npu_graph
-from npu_graph import runtime
+from npu_graph.runtime import compiled_graph as runtime
 
 
 class Stacked(torch.nn.Module):

@@ -3,7 +3,7 @@ implementation that ran; with no profiler the graph calls the plain functions.""
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from npu_graph.profiling import ProfiledCalls
+from npu_graph.runtime.profiling import ProfiledCalls
 
 
 class NormBlock(torch.nn.Module):

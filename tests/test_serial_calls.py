@@ -1,10 +1,10 @@
-"""npu_graph.serial_calls: small calls of the ATen ops that fork a thread team for tiny work run on one thread
+"""npu_graph.runtime.serial_calls: small calls of the ATen ops that fork a thread team for tiny work run on one thread
 (same kernel, same result), larger ones keep the team; the runtime binds them so."""
 import pytest
 import torch
 
-from npu_graph import direct_calls
-from npu_graph.serial_calls import SMALL_ELEMENTS, serial_when_small
+from npu_graph.runtime import direct_calls
+from npu_graph.runtime.serial_calls import SMALL_ELEMENTS, serial_when_small
 
 
 def recording(results):

@@ -1,12 +1,12 @@
-"""npu_graph.trust: the per-user key, tags, and the checks on private folders and files."""
+"""npu_graph.cache.trust: the per-user key, tags, and the checks on private folders and files."""
 import os
 import threading
 
 import pytest
 from cache_helpers import owned_by_someone_else
 
-from npu_graph import trust
-from npu_graph.trust import UntrustedPath
+from npu_graph.cache import trust
+from npu_graph.cache.trust import UntrustedPath
 
 
 @pytest.fixture

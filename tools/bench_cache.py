@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from npu_graph import progress
+from npu_graph.observe import progress
 
 PROGRAM = r"""
 import json, sys, time, torch

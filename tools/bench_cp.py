@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from npu_graph import progress
 from npu_graph.models.hybrid import HybridConfig
+from npu_graph.observe import progress
 from npu_graph.parallel import zigzag_split
 from npu_graph.parallel.kda_split import correct_outputs, fold_states, run_slice
 from npu_graph.tools.timing import time_side_by_side

@@ -13,10 +13,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_graph
-from npu_graph import progress
 from npu_graph.kernels import dispatch
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.observe import progress
 from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
 from npu_graph.tools.timing import time_side_by_side
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from npu_graph import progress
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.models.moe import DeepSeekMoE
+from npu_graph.observe import progress
 from npu_graph.parallel import launch, shard_experts
 from npu_graph.parallel.ep_layer import EPExperts
 from npu_graph.parallel.ep_placement import balanced_placement, contiguous_placement, rank_loads

@@ -31,9 +31,9 @@ import torch
 from torch._dynamo.utils import counters
 
 import npu_graph
-from npu_graph import progress
 from npu_graph.kernels import dispatch
 from npu_graph.models.tiny_transformers import EXTRA, build_tiny
+from npu_graph.observe import progress
 from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa")

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from npu_graph import progress
-from npu_graph.cpu_gemm_profile import measure
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.observe import progress
+from npu_graph.targets.cpu_gemm_profile import measure
 from npu_graph.tools import trained_accuracy
 from npu_graph.tools.quant_accuracy import ABLATIONS, ablation_rows, measure_accuracy, reference_run
 from npu_graph.tools.timing import time_side_by_side

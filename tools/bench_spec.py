@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from npu_graph import progress
 from npu_graph.generate import Decoder
 from npu_graph.models.hybrid import HybridLM
+from npu_graph.observe import progress
 
 KS = (1, 2, 3, 4)
 OPTIONS = {"cache": False, "verify": False}

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from npu_graph.cache_folder import CorruptEntry
+from npu_graph.cache.folder import CorruptEntry
 from npu_graph.tools.units import format_size, parse_age, parse_size
 
 if TYPE_CHECKING:  # the cache modules import torch: only the commands that run import them
-    from npu_graph.disk_cache import DiskCache
+    from npu_graph.cache.disk_store import DiskCache
 
 Outcome = tuple[Any, str | None]  # what to print, and what went wrong (None: nothing)
 
@@ -126,7 +126,7 @@ def _clear(disk: DiskCache, args: argparse.Namespace) -> Outcome:
 
 
 def _export(disk: DiskCache, args: argparse.Namespace) -> Outcome:
-    from npu_graph.cache_transfer import export_cache
+    from npu_graph.cache.transfer import export_cache
 
     result = export_cache(disk, args.file)
     skipped = result["skipped"]
@@ -134,7 +134,7 @@ def _export(disk: DiskCache, args: argparse.Namespace) -> Outcome:
 
 
 def _import(disk: DiskCache, args: argparse.Namespace) -> Outcome:
-    from npu_graph.cache_transfer import import_cache
+    from npu_graph.cache.transfer import import_cache
 
     result = import_cache(disk, args.file, trust=args.trust, key_file=args.key)
     refused = result["refused"]
@@ -159,8 +159,8 @@ def _check_archive(args: argparse.Namespace) -> None:
 
 def run_cache_command(args: argparse.Namespace) -> int:
     """Run one `ascend-dsa cache` action; the exit code is the module's (0, 1 or 2)."""
-    from npu_graph.cache_transfer import CacheImportError
-    from npu_graph.disk_cache import DiskCache
+    from npu_graph.cache.disk_store import DiskCache
+    from npu_graph.cache.transfer import CacheImportError
 
     try:
         _check_archive(args)

@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 import npu_graph
-from npu_graph import progress
 from npu_graph.models.hybrid import HybridConfig, HybridLM
-from npu_graph.report import GraphReport
+from npu_graph.observe import progress
+from npu_graph.observe.report import GraphReport
 from npu_graph.tools import demo_text, trained_accuracy
 from npu_graph.tools.html_report import write_html_report
 from npu_graph.training import background

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from npu_graph import progress
 from npu_graph.models.hybrid import HybridLM, generate_greedy
+from npu_graph.observe import progress
 from npu_graph.tools.trained_accuracy import as_text
 
 PROMPT_TAIL = 40        # characters of each prompt shown before its continuation

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch.fx
 
-from npu_graph import streams, superkernel
-from npu_graph.hoist import split_prologue
-from npu_graph.runtime import CompiledGraph
+from npu_graph.runtime import streams, superkernel
+from npu_graph.runtime.compiled_graph import CompiledGraph
+from npu_graph.runtime.hoist import split_prologue
 from npu_graph.targets.cpu_bindings import bind_source
 
 
@@ -29,7 +29,7 @@ def attribute_plan(gm: torch.fx.GraphModule) -> dict[str, object]:
 def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = (),
           frozen_parameters: bool = False) -> CompiledGraph:
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
-    function that the runtime runs once per parameter version (npu_graph.hoist), or once and never checks
+    function that the runtime runs once per parameter version (npu_graph.runtime.hoist), or once and never checks
     again with `frozen_parameters` (FROZEN_PARAMETERS in the source: torchair's frozen_parameter).
     SuperKernel regions are opened for hoisting and closed again, then each becomes a function `superkernel_N`
     of the source.

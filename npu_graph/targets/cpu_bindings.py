@@ -4,7 +4,7 @@ assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_m
 "Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`).
 
 The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
-`_bind` is the runtime's binder (npu_graph.direct_calls): fused ops' Python implementations, ATen callables,
+`_bind` is the runtime's binder (npu_graph.runtime.direct_calls): fused ops' Python implementations, ATen callables,
 native kernels where their library is loaded (ASCEND_DSA_NATIVE=0 is read then) — or, for a trace of the source
 (an Inductor SuperKernel region), the torch.ops overloads themselves.
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.fx
 
-from npu_graph.runtime import CompiledGraph
+from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets.cpu import attribute_plan
 from npu_graph.targets.npu_contract import check_calls
 from npu_graph.targets.npu_program import NpuProgram, generate

@@ -1,7 +1,7 @@
 """Stream, event and SuperKernel scopes of the NPU program, in eager torch_npu form or torchair graph form.
 
 Consecutive nodes on one non-main stream (node.meta["stream"]) share one scope. Event nodes
-(npu_graph.streams.record_event / wait_event) become `torch.npu.Event` record / `Stream.wait_event` in eager
+(npu_graph.runtime.streams.record_event / wait_event) become `torch.npu.Event` record / `Stream.wait_event` in eager
 form; in torchair form a wait becomes `npu_wait_tensor(<an input of the next node on the waiting stream>,
 <a tensor the recorded producers made>)`. A `superkernel_N` region becomes a `super_kernel` scope (torchair)
 or a commented inline region (eager). The torchair form in torchair's "reduce-overhead" graph mode (aclgraph
@@ -27,7 +27,7 @@ INDENT = "    "
 def is_event(node: torch.fx.Node) -> bool:
     """True for the record_event / wait_event nodes of the stream plan."""
     target = node.target
-    return (node.op == "call_function" and getattr(target, "__module__", "") == "npu_graph.streams"
+    return (node.op == "call_function" and getattr(target, "__module__", "") == "npu_graph.runtime.streams"
             and getattr(target, "__name__", "") in ("record_event", "wait_event"))
 
 

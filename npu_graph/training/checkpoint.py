@@ -29,7 +29,7 @@ class CheckpointError(ValueError):
 
 def default_dir(config_name: str, seed: int) -> Path:
     """Where `ascend-dsa train` keeps a checkpoint: under the compile cache's root (ASCEND_DSA_CACHE_DIR)."""
-    from npu_graph.disk_cache import default_root
+    from npu_graph.cache.disk_store import default_root
 
     return Path(default_root()) / "checkpoints" / f"{config_name}-seed{seed}"
 

@@ -4,7 +4,7 @@ A node depends on its inputs, and on buffers: a write to a buffer (an input of a
 written, e.g. `index_put_` on a KV cache) waits for every earlier reader and writer of that buffer, and every
 later reader waits for the write. A buffer is named by its root: the node a chain of views and in-place
 results leads back to (usually a graph input). Other side-effect nodes keep their relative order; stream
-event nodes (npu_graph.streams) are left out.
+event nodes (npu_graph.runtime.streams) are left out.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import operator
 import torch
 import torch.fx
 
-from npu_graph.streams import EVENT_OPS
+from npu_graph.runtime.streams import EVENT_OPS
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:

@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 import torch.fx
 
-from npu_graph.cost_model import is_free
+from npu_graph.passes.streams.cost_model import is_free
 from npu_graph.passes.streams.schedule import schedule
 
 

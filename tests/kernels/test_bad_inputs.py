@@ -10,7 +10,7 @@ import torch
 from native_paths import LEVELS, native_and_torch
 from test_lightning_indexer import assert_same_topk
 
-from npu_graph.kernels import causal_lengths, lightning_indexer, skinny_mm
+from npu_graph.kernels import causal_lengths, lightning_indexer, sfa_reference, sfa_torch, skinny_mm
 from npu_graph.kernels import sparse_flash_attention as sfa
 from npu_graph.kernels.chunk_kda import reference_chunk_kda
 
@@ -67,9 +67,9 @@ def test_sfa_cases_that_once_crashed(where):
 
 def test_sfa_huge_block_positions_stay_bounded(path):
     """A block size past the context selects at most the context: no giant arange, no overflow."""
-    positions = sfa._row_positions(torch.tensor([0, 5, -1, 2 ** 62]), 2 ** 40, 100)
+    positions = sfa_torch.row_positions(torch.tensor([0, 5, -1, 2 ** 62]), 2 ** 40, 100)
     assert torch.equal(positions, torch.arange(100))
-    assert sfa._reference_positions([0, 5, -1, 2 ** 62], 2 ** 40, 100) == list(range(100))
+    assert sfa_reference.reference_positions([0, 5, -1, 2 ** 62], 2 ** 40, 100) == list(range(100))
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 4, 0), (1, 1, 0, 32)])

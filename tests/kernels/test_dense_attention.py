@@ -120,7 +120,7 @@ def test_switched_off_takes_torch_kernel(monkeypatch):
 
 @needs_native
 def test_native_callable_takes_flash_calls():
-    """What the runtime binds the graph's flash-attention calls to (npu_graph.direct_calls)."""
+    """What the runtime binds the graph's flash-attention calls to (npu_graph.runtime.direct_calls)."""
     flash = dense_attention.native_callable()
     q, k, v = random_qkv((1, 2, 80, 16), (1, 2, 80, 16), seed=6)
     out, _ = flash(q, k, v, 0.0, True, scale=None)

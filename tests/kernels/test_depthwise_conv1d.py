@@ -7,7 +7,7 @@ import torch
 from native_paths import at_each_level, refuse
 
 from npu_graph.kernels import depthwise_conv1d, native
-from npu_graph.runtime import CompiledGraph
+from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets.cpu_bindings import bind_source
 
 LOADED, WHY = native.available(depthwise_conv1d.NATIVE_SOURCE)
@@ -150,7 +150,7 @@ def test_switched_off_takes_aten(monkeypatch):
 
 
 def test_native_callable_takes_convolutions():
-    """What the runtime binds the graph's aten.convolution calls to (npu_graph.direct_calls)."""
+    """What the runtime binds the graph's aten.convolution calls to (npu_graph.runtime.direct_calls)."""
     conv = depthwise_conv1d.native_callable()
     if not LOADED:
         assert conv is None

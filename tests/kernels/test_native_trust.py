@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from npu_graph import trust
+from npu_graph.cache import trust
 from npu_graph.kernels import native, native_trust
 
 SOURCE = "rms_norm"

@@ -83,7 +83,7 @@ def test_switched_off_and_autograd_use_torch(monkeypatch):
 
 def test_native_callable_is_what_the_runtime_binds_mm_to(monkeypatch):
     """The native product where the library loads, None when switched off (the runtime then binds aten.mm)."""
-    from npu_graph.direct_calls import DIRECT
+    from npu_graph.runtime.direct_calls import DIRECT
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     assert skinny_mm.native_callable() is None
     assert DIRECT.native("skinny_mm", "mm", "default") is not None

@@ -4,8 +4,8 @@ import torch
 
 import npu_graph
 from npu_graph.passes import partition_superkernels
-from npu_graph.streams import EVENT_OPS, stream_of
-from npu_graph.superkernel import is_region
+from npu_graph.runtime.streams import EVENT_OPS, stream_of
+from npu_graph.runtime.superkernel import is_region
 
 
 def compile_watched(monkeypatch, fn, args, options, tmp_cache=None):

@@ -18,14 +18,14 @@ A, ATEN = torch.ops.ascend_dsa, torch.ops.aten
 
 
 def record_event(event_id, stream, *producers):
-    """Stand-in with the convention's name and module (npu_graph.streams.record_event)."""
+    """Stand-in with the convention's name and module (npu_graph.runtime.streams.record_event)."""
 
 
 def wait_event(event_id, stream):
-    """Stand-in with the convention's name and module (npu_graph.streams.wait_event)."""
+    """Stand-in with the convention's name and module (npu_graph.runtime.streams.wait_event)."""
 
 
-record_event.__module__ = wait_event.__module__ = "npu_graph.streams"
+record_event.__module__ = wait_event.__module__ = "npu_graph.runtime.streams"
 
 
 def annotated_graph():

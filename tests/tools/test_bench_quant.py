@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from npu_graph.cpu_gemm_profile import measure
 from npu_graph.models.hybrid import HybridConfig
+from npu_graph.targets.cpu_gemm_profile import measure
 from npu_graph.tools import bench_quant
 from npu_graph.tools.bench import SUITES
 from npu_graph.tools.quant_accuracy import (

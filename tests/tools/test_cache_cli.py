@@ -13,9 +13,9 @@ import tarfile
 
 import pytest
 
-from npu_graph.cache_entry import Artifact
-from npu_graph.cache_key import versions
-from npu_graph.disk_cache import DiskCache
+from npu_graph.cache.disk_store import DiskCache
+from npu_graph.cache.entry import Artifact
+from npu_graph.cache.key import versions
 from npu_graph.tools import cli
 from npu_graph.tools.units import format_size, parse_size
 

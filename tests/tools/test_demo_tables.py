@@ -8,8 +8,8 @@ import pytest
 import torch
 from rich.console import Console
 
+from npu_graph.observe.report import GraphReport
 from npu_graph.pipeline import PASSES
-from npu_graph.report import GraphReport
 from npu_graph.tools import cli, demo
 
 PASS_NAMES = [p.NAME for p in PASSES]

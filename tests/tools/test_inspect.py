@@ -14,8 +14,8 @@ import torch
 from reference_dump import build_reference_dump
 
 import npu_graph
-import npu_graph.dump
-import npu_graph.trace
+import npu_graph.observe.dump
+import npu_graph.observe.trace
 from npu_graph.tools import cli, inspect_dump
 
 
@@ -138,7 +138,7 @@ def test_dump_failing_midway_still_compiles_and_runs(tmp_path, monkeypatch, capl
             raise ValueError("disk on fire")
         return json.dumps(obj, **kwargs)
 
-    monkeypatch.setattr(npu_graph.dump, "json", types.SimpleNamespace(dumps=dumps_then_fail))
+    monkeypatch.setattr(npu_graph.observe.dump, "json", types.SimpleNamespace(dumps=dumps_then_fail))
     model, x = MLP(), torch.randn(3, 8)
     backend = npu_graph.get_backend({"cache": False, "dump_dir": str(tmp_path)})
     before = len(backend.reports)
@@ -168,7 +168,7 @@ def test_structured_trace_carries_every_stage(monkeypatch):
         with torch.no_grad():
             torch.compile(MLP(), backend="ascend_dsa", options={"cache": False})(torch.randn(2, 8))
         torch._dynamo.reset()
-        monkeypatch.setattr(npu_graph.trace, "trace_structured", lambda *a, **k: 1 / 0)
+        monkeypatch.setattr(npu_graph.observe.trace, "trace_structured", lambda *a, **k: 1 / 0)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("error")
             torch.compile(MLP(), backend="ascend_dsa", options={"cache": False})(torch.randn(2, 8))

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from npu_graph import progress
+from npu_graph.observe import progress
 from npu_graph.tools import bench_kernels, cli
 
 

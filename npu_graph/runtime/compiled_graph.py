@@ -5,11 +5,11 @@ parameters whose outputs forward takes as extra inputs, and one `superkernel_N` 
 region, bound as `self.superkernel_N`), the constants and submodules that source reads as `self.<name>`,
 and the boxed calling convention (the input list is cleared so inputs can be freed as soon as the graph no
 longer needs them). The source runs as it is: the CPU lowering bound its calls (npu_graph.targets.cpu_bindings),
-and its header resolves them through the `_bind` this module puts in its namespace (npu_graph.direct_calls).
+and its header resolves them through the `_bind` this module puts in its namespace (npu_graph.runtime.direct_calls).
 
 The prologue runs again whenever a parameter object or its version counter changes; with
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
-Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.superkernel) and FROZEN_PARAMETERS.
+Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel) and FROZEN_PARAMETERS.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import operator
 from types import SimpleNamespace
 from typing import Any
 
-from npu_graph import direct_calls
 from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
-from npu_graph.profiling import ProfiledCalls
-from npu_graph.superkernel import bind_regions
+from npu_graph.runtime import direct_calls
+from npu_graph.runtime.profiling import ProfiledCalls
+from npu_graph.runtime.superkernel import bind_regions
 
 
 def _nested_namespace(attributes: dict[str, Any]) -> SimpleNamespace:

@@ -1,7 +1,7 @@
 """torch.profiler events for the fused ops a compiled graph calls directly.
 
 The CPU runtime binds each `torch.ops.ascend_dsa.<op>` call of the generated source to the op's Python
-implementation (npu_graph.direct_calls), which skips the dispatcher and so the `ascend_dsa::<op>` event the
+implementation (npu_graph.runtime.direct_calls), which skips the dispatcher and so the `ascend_dsa::<op>` event the
 dispatcher records. ProfiledCalls puts it back without a per-call cost: the graph's namespace holds the plain
 functions while no profiler runs, and functions that open a `record_function("ascend_dsa::<op>")` scope while
 one does; `sync` (one flag read per graph call) switches between them. Which implementation ran is an event

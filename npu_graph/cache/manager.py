@@ -14,7 +14,8 @@ import sympy
 import torch
 import torch.fx
 
-from npu_graph.cache_entry import (
+from npu_graph.cache.disk_store import CacheWarning, DiskCache
+from npu_graph.cache.entry import (
     Artifact,
     check_globals,
     check_runtime_metadata,
@@ -22,10 +23,9 @@ from npu_graph.cache_entry import (
     guards_hold,
     symbol_sources,
 )
-from npu_graph.cache_key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
+from npu_graph.cache.key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
 from npu_graph.config import CompilerConfig
-from npu_graph.disk_cache import CacheWarning, DiskCache
-from npu_graph.runtime import CompiledGraph
+from npu_graph.runtime.compiled_graph import CompiledGraph
 
 
 def needs_autograd(example_inputs: list[Any]) -> bool:

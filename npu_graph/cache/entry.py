@@ -5,7 +5,7 @@ The artifact is generated Python source, the names of the few module-level objec
 parameters AOT lifted in front of the inputs, and the guards on symbolic sizes that capture and the passes
 added. No arbitrary pickles: a graph needing anything else is Uncacheable. `artifact_files`, `artifact_record`
 and `artifact_from` turn an artifact into an entry's files and meta.json section and back (the entry folder
-itself, its checks and its tag: npu_graph.cache_folder).
+itself, its checks and its tag: npu_graph.cache.folder).
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import sympy
 import torch
 import torch.fx
 
-from npu_graph import streams
-from npu_graph.cache_folder import CorruptEntry
-from npu_graph.cache_key import Uncacheable
-from npu_graph.runtime import CompiledGraph
+from npu_graph.cache.folder import CorruptEntry
+from npu_graph.cache.key import Uncacheable
+from npu_graph.runtime import streams
+from npu_graph.runtime.compiled_graph import CompiledGraph
 
 SAFE_GLOBALS: dict[str, Any] = {
     "torch": torch, "inf": math.inf, "nan": math.nan, "math": math, "operator": operator,

@@ -4,7 +4,7 @@ A node costs `launch + max(flops / peak, bytes / bandwidth)`; FLOPs and bytes co
 node.meta["val"] (symbolic sizes use their hints). Views, tuple access and size arithmetic cost nothing.
 `event` is the cost of one cross-stream record/wait pair, paid by the waiting node.
 
-Profiles: "cpu" was measured on the development machine with `python -m npu_graph.cost_model` (that command
+Profiles: "cpu" was measured on the development machine with `python -m npu_graph.passes.streams.cost_model` (that command
 re-measures and prints a new table; the constants stay fixed so plans and cache keys are reproducible);
 "npu" (Ascend 910B, Atlas 800T A2) and "cuda" (H200 SXM) use published peak figures.
 """
@@ -34,7 +34,7 @@ class DeviceProfile:
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    # measured: `python -m npu_graph.cost_model`, best of 3 runs (2 shared cores, torch 2.13 CPU, fp32)
+    # measured: `python -m npu_graph.passes.streams.cost_model`, best of 3 runs (2 shared cores, torch 2.13 CPU, fp32)
     "cpu": DeviceProfile("cpu", flops_per_s=1.9e11, bytes_per_s=4.6e10, launch_s=2.0e-6, event_s=1.1e-5),
     # Ascend 910B: 313 TFLOPS fp16/bf16, 1.6 TB/s HBM2e; ~5 us host launch, ~10 us event sync
     "npu": DeviceProfile("npu", flops_per_s=3.13e14, bytes_per_s=1.6e12, launch_s=5.0e-6, event_s=1.0e-5),

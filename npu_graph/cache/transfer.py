@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from npu_graph.cache_folder import META, SCHEMA, TAG, CorruptEntry, EntryBytes, verify_entry, write_entry
-from npu_graph.cache_key import versions
-from npu_graph.disk_cache import DiskCache
-from npu_graph.trust import KEY_BYTES, read_private_file
+from npu_graph.cache.disk_store import DiskCache
+from npu_graph.cache.folder import META, SCHEMA, TAG, CorruptEntry, EntryBytes, verify_entry, write_entry
+from npu_graph.cache.key import versions
+from npu_graph.cache.trust import KEY_BYTES, read_private_file
 
 _MEMBER = re.compile(r"entries/([0-9a-f]{64})/(meta\.json|compiled\.py|constants\.safetensors|tag)")
 _ARCHIVE_ERRORS = (OSError, EOFError, tarfile.TarError, zlib.error)

@@ -1,5 +1,5 @@
 """One compile-cache entry folder on disk: written whole with a tag under the user's key, read back with every
-trust check (npu_graph.trust) made on the very bytes that are then used, before any of them is parsed or run.
+trust check (npu_graph.cache.trust) made on the very bytes that are then used, before any of them is parsed or run.
 
 An entry folder holds compiled.py, constants.safetensors (when the graph has tensor constants), meta.json
 (schema, key, versions, config, the artifact's description and the sha256 of each file) and `tag`: the hex
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from npu_graph.trust import UntrustedPath, check_private_dir, read_private_file, tag, verify_tag
+from npu_graph.cache.trust import UntrustedPath, check_private_dir, read_private_file, tag, verify_tag
 
 SCHEMA = "v2"
 ENTRY_FILES = ("compiled.py", "constants.safetensors")

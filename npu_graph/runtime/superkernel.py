@@ -4,7 +4,7 @@ Nodes tagged node.meta["superkernel"] = N that follow each other in the graph be
 whose target is the submodule `superkernel_N` (a GraphModule over the run; the nodes inside keep their
 meta). `wrap` builds those submodules, `inline` puts their nodes back (the CPU target does that to hoist
 parameter-only work out of regions, then wraps again), and `region_source` turns each submodule into a
-function `superkernel_N(self, ...)` of the generated source, which the runtime binds (npu_graph.runtime).
+function `superkernel_N(self, ...)` of the generated source, which the runtime binds (npu_graph.runtime.compiled_graph).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from npu_graph.autotune import MeasuredChoice
+from npu_graph.runtime.autotune import MeasuredChoice
 
 PREFIX = "superkernel_"
 
@@ -116,7 +116,7 @@ def bind_regions(holder: Any, namespace: dict[str, Any], plain: dict[str, Any]) 
     With SUPERKERNEL_COMPILER = "inductor" in the source, each region is compiled by Inductor on first use
     (from `plain`, the namespace of the source without the runtime's direct bindings, which Dynamo cannot
     trace); with "measured", its first call times the Python and Inductor forms and keeps the faster
-    (npu_graph.autotune)."""
+    (npu_graph.runtime.autotune)."""
     compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
     for name, fn in namespace.items():
         if name.startswith(PREFIX) and callable(fn):

@@ -18,7 +18,7 @@ import torch.fx
 from torch._logging import trace_structured
 
 import npu_graph_torch_logs
-from npu_graph.dump import GraphDump, graph_text
+from npu_graph.observe.dump import GraphDump, graph_text
 
 log = logging.getLogger("npu_graph")
 npu_graph_torch_logs.register()  # so set_logs(modules={"ascend_dsa": ...}) knows our names in any process

@@ -24,7 +24,7 @@ from npu_graph.kernels import (
     rotary_mul,
 )
 from npu_graph.kernels import sparse_flash_attention as sfa
-from npu_graph.report import graph_nodes
+from npu_graph.observe.report import graph_nodes
 
 # fused op -> (its shape-class function, the native library it runs)
 NATIVE_CLASSES: dict[str, tuple[Callable[..., tuple | None], str]] = {

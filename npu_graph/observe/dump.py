@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from npu_graph.report import GraphReport
+from npu_graph.observe.report import GraphReport
 
 log = logging.getLogger("npu_graph")
 

@@ -2,12 +2,12 @@
 
 Layout under the root (ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa, else ~/.cache/ascend_dsa, as the
 native kernels' build cache picks its folder), entry schema version in the path:
-    v2/entries/<key>/       one entry (npu_graph.cache_folder: compiled.py, constants, meta.json, tag)
+    v2/entries/<key>/       one entry (npu_graph.cache.folder: compiled.py, constants, meta.json, tag)
     v2/locks/<key>.lock     one lock per entry, held while compiling it (it holds the holder's pid)
     v2/tmp/                 entries being written (renamed into entries/ when complete)
     v2/quarantine/          entries that failed a check, moved aside
     v2/stats.json           cumulative counters
-Trust (npu_graph.trust): the root (after resolving a link the user gave as the root) and the folders in it are
+Trust (npu_graph.cache.trust): the root (after resolving a link the user gave as the root) and the folders in it are
 created 0700; a tree owned by another user or writable by group or others is refused as a whole, and the
 graphs are compiled without it. Each entry is checked (owner, mode, no links, its tag under the user's key, its
 hashes) before any of its code runs; an entry that fails is quarantined with one warning and recompiled. Names
@@ -33,10 +33,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from npu_graph import progress
-from npu_graph.cache_entry import Artifact, artifact_files, artifact_from, artifact_record
-from npu_graph.cache_folder import META, SCHEMA, CorruptEntry, EntryBytes, read_folder, verify_entry, write_entry
-from npu_graph.trust import (
+from npu_graph.cache.entry import Artifact, artifact_files, artifact_from, artifact_record
+from npu_graph.cache.folder import META, SCHEMA, CorruptEntry, EntryBytes, read_folder, verify_entry, write_entry
+from npu_graph.cache.locks import CacheWarning, lock_timeout_from_env, take_entry_lock
+from npu_graph.cache.trust import (
     UntrustedPath,
     check_private_dir,
     ensure_private_dir,
@@ -48,45 +48,6 @@ from npu_graph.trust import (
 _COUNTERS = {"hit": "hits", "miss": "misses", "bypass": "bypasses", "store": "stores"}
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-LOCK_TIMEOUT_ENV = "ASCEND_DSA_CACHE_LOCK_TIMEOUT"
-DEFAULT_LOCK_TIMEOUT_S = 600.0
-_LOCK_POLL_S = 0.1
-
-
-def _try_flock(fd: int) -> bool:
-    """Take the exclusive flock without blocking; False while another process holds it. A file system without
-    flock counts as taken (renames still keep entries whole)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        pass
-    return True
-
-
-def _lock_holder(fd: int) -> str:
-    """The pid the lock's holder wrote into the lock file, as text."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return text if text.isdigit() else "(pid unknown)"
-
-
-def lock_timeout_from_env() -> float:
-    """Seconds to wait for another process's entry lock: ASCEND_DSA_CACHE_LOCK_TIMEOUT, else 600."""
-    text = os.environ.get(LOCK_TIMEOUT_ENV, "")
-    try:
-        return float(text) if text else DEFAULT_LOCK_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
-
-
-class CacheWarning(UserWarning):
-    """The cache refused or repaired something; compilation goes on without it."""
-
-
 def default_root() -> str:
     """ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa (an absolute XDG_CACHE_HOME: the XDG spec says to
     ignore a relative one), else ~/.cache/ascend_dsa."""
@@ -195,36 +156,8 @@ class DiskCache:
         return fd
 
     def _take_entry_lock(self, key: str) -> int | None:
-        """The entry's lock file, flocked, with this process's pid written in it for the processes that wait;
-        None when another process held it past `lock_timeout`."""
-        fd = os.open(self._path("locks", key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            if not _try_flock(fd) and not self._wait_for_lock(fd, key):
-                os.close(fd)
-                return None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _wait_for_lock(self, fd: int, key: str) -> bool:
-        """Poll the lock until it is ours (True) or `lock_timeout` passes (False, one warning naming the holder);
-        a status line on stderr says whom this process waits for."""
-        with progress.step(f"waiting for process {_lock_holder(fd)}, which is compiling the same graph "
-                             f"(cache entry {key[:12]})"):
-            deadline = time.monotonic() + self.lock_timeout
-            while not _try_flock(fd):
-                if time.monotonic() >= deadline:
-                    warnings.warn(f"ascend_dsa cache: waited {self.lock_timeout:g} s for the lock of entry "
-                                  f"{key[:12]}, held by process {_lock_holder(fd)}; compiling this graph without "
-                                  f"waiting for it (set {LOCK_TIMEOUT_ENV} to wait longer)", CacheWarning,
-                                  stacklevel=2)
-                    return False
-                time.sleep(_LOCK_POLL_S)
-        return True
+        """The entry's lock, flocked (npu_graph.cache.locks); None when another process held it too long."""
+        return take_entry_lock(self._path("locks", key + ".lock"), key, self.lock_timeout)
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
@@ -245,7 +178,7 @@ class DiskCache:
                 os.close(fd)  # releases the flock
 
     def read_entry(self, key: str) -> tuple[dict[str, Any], EntryBytes]:
-        """The entry's meta.json and contents after every check (npu_graph.cache_folder); raises CorruptEntry."""
+        """The entry's meta.json and contents after every check (npu_graph.cache.folder); raises CorruptEntry."""
         if self.key is None:
             raise CorruptEntry(self.key_problem)
         entry = read_folder(self.entry_dir(key))

@@ -8,7 +8,7 @@ dispatcher ends up in, so results are identical (the runtime runs the graph insi
 `kernels.checks.shapes_checked_at_trace`, so the ops skip the static argument checks their fake implementations
 made at trace time). An ATen overload is its Python binding where that takes the same arguments
 (PYTHON_BINDINGS), else the C++ callable its `__call__` forwards to; the overloads whose kernels fork a thread
-team for tiny work run small calls on one thread (npu_graph.serial_calls). A native kernel (skinny_mm,
+team for tiny work run small calls on one thread (npu_graph.runtime.serial_calls). A native kernel (skinny_mm,
 depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen overload.
 
 `AS_TRACED` binds every name to the torch.ops overload itself: the source as Dynamo and Inductor trace it.
@@ -22,7 +22,7 @@ import torch
 from torch._library import custom_ops
 
 from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
-from npu_graph.serial_calls import serial_when_small
+from npu_graph.runtime.serial_calls import serial_when_small
 from npu_graph.targets.cpu_bindings import FUSED_PREFIX
 
 NATIVE_MODULES = {"skinny_mm": skinny_mm, "depthwise_conv1d": depthwise_conv1d, "dense_attention": dense_attention}
@@ -36,7 +36,7 @@ def implementation(op_name: str) -> Callable[..., Any] | None:
 
 def profiler_labels(namespace: dict[str, Any]) -> dict[str, str]:
     """The torch.profiler event name of each fused op bound in a loaded graph's namespace (`ascend_dsa::<op>`,
-    as the dispatcher names it), for npu_graph.profiling."""
+    as the dispatcher names it), for npu_graph.runtime.profiling."""
     return {name: "ascend_dsa::" + name[len(FUSED_PREFIX):] for name in namespace if name.startswith(FUSED_PREFIX)}
 
 
