@@ -10,7 +10,7 @@ import torch
 from native_paths import LEVELS, native_and_torch
 from test_lightning_indexer import assert_same_topk
 
-from npu_graph.kernels import causal_lengths, lightning_indexer, sfa_reference, sfa_torch, skinny_mm
+from npu_graph.kernels import causal_lengths, indexer_checks, lightning_indexer, sfa_reference, sfa_torch, skinny_mm
 from npu_graph.kernels import sparse_flash_attention as sfa
 from npu_graph.kernels.chunk_kda import reference_chunk_kda
 
@@ -96,7 +96,7 @@ def test_indexer_refuses_more_positions_than_int32(path):
     key = torch.empty(1, 1, 1, 8).expand(1, 2 ** 31 + 5, 1, 8)       # no memory: an expanded view
     with pytest.raises(ValueError, match="2147483653 positions; the int32 `sparse_indices`"):
         INDEXER(torch.randn(1, 1, 2, 8), key, torch.randn(1, 1, 2), sparse_count=4)
-    assert lightning_indexer.INT32_MAX == 2 ** 31 - 1
+    assert indexer_checks.INT32_MAX == 2 ** 31 - 1
 
 
 @pytest.mark.parametrize("dim", [1, 2])

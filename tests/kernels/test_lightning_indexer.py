@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_paths import native_and_torch
 
+from npu_graph.kernels import indexer_checks, indexer_keys, indexer_topk, native
 from npu_graph.kernels import lightning_indexer as li
-from npu_graph.kernels import native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
 path = native_and_torch(li.lightning_indexer_native.NATIVE_SOURCE)
@@ -94,8 +94,8 @@ def test_prefilter_margin_bounds_the_bf16_error(weights_dtype):
     """The law the prefilter rests on: |A − score| <= e for every key (A, e from the bf16 GEMMs)."""
     q, key, w = make_inputs(1, 1, 16, 64, 5000, torch.bfloat16, seed=3)
     w = (w * 3).to(weights_dtype)
-    reader = li.KeyReader(key, None, None)
-    approx, margin = li._approx_scores(reader, 0, q[0, 0], w[0, 0].float(), 5000)
+    reader = indexer_keys.KeyReader(key, None, None)
+    approx, margin = indexer_topk.approx_scores(reader, 0, q[0, 0], w[0, 0].float(), 5000)
     score = scores_of(q, key, w)[0, 0]
     assert ((approx - score).abs() <= margin + 1e-4).all()
     assert (margin > 0).float().mean() > 0.9
@@ -205,7 +205,7 @@ def test_mxfp8_paged():
 
 def test_fp8_decoding_is_exact():
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
-    got = li.fp8_e4m3_to_float(codes)
+    got = indexer_keys.fp8_e4m3_to_float(codes)
     want = codes.float()
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
@@ -223,7 +223,7 @@ def test_property_definition(batch, s1, s2, n1, d, k, mode, seed):
     score = scores_of(q, key, w)
     for b in range(batch):
         for t in range(s1):
-            visible = li.visible_keys(t, s1, s2, mode)
+            visible = indexer_checks.visible_keys(t, s1, s2, mode)
             chosen = idx[b, t, 0, :min(k, visible)].long()
             assert (idx[b, t, 0, min(k, visible):] == -1).all()
             assert len(set(chosen.tolist())) == chosen.numel() and (chosen < visible).all()

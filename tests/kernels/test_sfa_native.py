@@ -6,7 +6,7 @@ import torch
 from native_paths import native_and_torch
 from test_sparse_flash_attention import assert_outputs_close, make_inputs, random_indices, to_paged
 
-from npu_graph.kernels import native
+from npu_graph.kernels import native, sfa_native
 from npu_graph.kernels import sparse_flash_attention as sfa
 
 OP = torch.ops.ascend_dsa.sparse_flash_attention
@@ -17,7 +17,7 @@ path = native_and_torch(sfa.NATIVE_SOURCE)
 
 def check_path(path, q, kv, kr, table=None):
     """The path the op takes for these inputs is the one the test asked for."""
-    used = sfa._native_kernel(kv, kv, kr, table) is not None
+    used = sfa_native.native_kernel(kv, kv, kr, table) is not None
     assert used == (path == "native")
 
 
@@ -38,7 +38,7 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("split_rows", [1, 1 << 40], ids=["split", "whole"])
 def test_matches_reference(case, dtype, split_rows, path, monkeypatch):
-    monkeypatch.setattr(sfa, "NATIVE_SPLIT_ROWS", split_rows)
+    monkeypatch.setattr(sfa_native, "NATIVE_SPLIT_ROWS", split_rows)
     batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
     q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype, seed=s2)
     idx = random_indices(batch, s1, s2 // block, k, seed=k, pad=pad)
@@ -79,7 +79,7 @@ def test_strided_kv_takes_the_torch_path():
     q, kv, qr, kr = make_inputs(1, 2, 4, 32, 8, 60, seed=31)
     wide = torch.stack([kv, torch.zeros_like(kv)], -1).flatten(-2)[..., ::2]
     assert torch.equal(wide, kv) and wide.stride(3) == 2
-    assert sfa._native_kernel(wide, wide, kr, None) is None
+    assert sfa_native.native_kernel(wide, wide, kr, None) is None
     idx = random_indices(1, 2, 60, 20, seed=32)
     got = OP(q, wide, wide, idx, 0.2, query_rope=qr, key_rope=kr)
     assert_outputs_close(got, sfa.reference_sparse_flash_attention(q, kv, kv, idx, 0.2, query_rope=qr,

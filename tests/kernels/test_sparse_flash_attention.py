@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_graph.kernels import sfa_native, sfa_torch
 from npu_graph.kernels import sparse_flash_attention as sfa
 
 OP = torch.ops.ascend_dsa.sparse_flash_attention
@@ -64,8 +65,8 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("large_pv_elems", [0, 1 << 62], ids=["onednn_pv", "mm_pv"])
 def test_matches_reference(case, dtype, large_pv_elems, monkeypatch):
-    monkeypatch.setattr(sfa, "LARGE_PV_ELEMS", large_pv_elems)
-    monkeypatch.setattr(sfa, "ONEDNN_BF16", True)   # the bf16 path is checked on any CPU, however slow
+    monkeypatch.setattr(sfa_torch, "LARGE_PV_ELEMS", large_pv_elems)
+    monkeypatch.setattr(sfa_torch, "ONEDNN_BF16", True)   # the bf16 path is checked on any CPU, however slow
     batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
     q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype)
     idx = random_indices(batch, s1, s2 // block, k, pad=pad)
@@ -163,8 +164,8 @@ def test_inputs_are_not_modified():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_value_distinct_from_key(dtype, monkeypatch):
-    monkeypatch.setattr(sfa, "LARGE_PV_ELEMS", 0)
-    monkeypatch.setattr(sfa, "ONEDNN_BF16", True)
+    monkeypatch.setattr(sfa_torch, "LARGE_PV_ELEMS", 0)
+    monkeypatch.setattr(sfa_torch, "ONEDNN_BF16", True)
     q, kv, qr, kr = make_inputs(2, 3, 4, 32, 8, 60, dtype=dtype, seed=8)
     value = torch.randn_like(kv)
     idx = random_indices(2, 3, 60, 20, seed=9, pad=2)
@@ -203,12 +204,12 @@ def test_fp8_kv_prefill_dequantized_once(paged, monkeypatch):
                     actual_seq_lengths_kv=torch.tensor([80, 80]))
         kr = to_paged(kr, 16)[0]
     taken = []
-    wrapped = sfa._native_dequantized
-    monkeypatch.setattr(sfa, "_native_dequantized", lambda *a: taken.append(wrapped(*a)) or taken[-1])
+    wrapped = sfa_native.native_dequantized
+    monkeypatch.setattr(sfa_native, "native_dequantized", lambda *a: taken.append(wrapped(*a)) or taken[-1])
     got = OP(q, codes, codes, idx, 0.05, key_rope=kr, **args)
-    if sfa.native.load(sfa.NATIVE_SOURCE):
+    if sfa_native.native.load(sfa.NATIVE_SOURCE):
         assert taken == [True, True]
-    monkeypatch.setattr(sfa, "_native_dequantized", lambda *a: False)
+    monkeypatch.setattr(sfa_native, "native_dequantized", lambda *a: False)
     per_row = OP(q, codes, codes, idx, 0.05, key_rope=kr, **args)
     assert_outputs_close(got, per_row, atol=1e-2, rtol=1e-2)
     ref = sfa.reference_sparse_flash_attention(q, codes, codes, idx, 0.05, key_rope=kr, **args)

@@ -1,0 +1,140 @@
+"""Argument checks of `ascend_dsa::lightning_indexer` (kernels/lightning_indexer.py): ranks, shapes, dtypes and
+options (nothing that reads tensor data, so the fake runs them too), the actual sequence lengths and block table
+read off the data, and which keys each query row sees. The sparse flash attention op shares the layout checks."""
+import math
+
+import torch
+from torch import Tensor
+
+from npu_graph.kernels.checks import (
+    require,
+    require_choice,
+    require_dtype,
+    require_positive,
+    require_rank,
+    require_same,
+)
+
+OP = "lightning_indexer"
+LAYOUTS_QUERY = ("BSND",)
+LAYOUTS_KEY = ("BSND", "PA_BSND")
+SPARSE_MODES = (0, 3)
+MX_GROUP = 32
+FP8 = torch.float8_e4m3fn
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8)
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2 ** 31 - 1     # the largest position the int32 `sparse_indices` hold
+
+
+def check_dtype(op: str, name: str, t: Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    """require_dtype that formats its message only on failure: str(dtype) costs microseconds, and an op
+    checks several dtypes per call."""
+    if t.dtype not in dtypes:
+        require_dtype(op, name, t, dtypes)
+
+
+def _check_scale(x: Tensor, scale: Tensor | None, x_name: str, scale_name: str) -> None:
+    if x.dtype != FP8:
+        require(scale is None, f"{OP}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
+                               f"`{x_name}` is {x.dtype}")
+        return
+    require(scale is not None, f"{OP}: float8_e4m3fn `{x_name}` needs `{scale_name}` (MXFP8, one e8m0 "
+                               f"scale per {MX_GROUP} values along D)")
+    check_dtype(OP, scale_name, scale, SCALE_DTYPES)
+    d = x.shape[-1]
+    require(d % MX_GROUP == 0, f"{OP}: head dim D={d} of float8 `{x_name}` is not a multiple of {MX_GROUP}")
+    want = (*x.shape[:-1], d // MX_GROUP)
+    require_same(OP, f"shape of `{scale_name}` and the expected [..., D/{MX_GROUP}]", tuple(scale.shape), want)
+
+
+def check_lengths(op: str, lengths: Tensor | None, name: str, batch: int) -> None:
+    if lengths is not None:
+        require_rank(op, name, lengths, 1)
+        check_dtype(op, name, lengths, INDEX_DTYPES)
+        require_same(op, f"length of `{name}` and the batch size B", lengths.shape[0], batch)
+
+
+def check_key_layout(op: str, key: Tensor, block_table: Tensor | None, layout: str, layout_name: str,
+                     batch: int) -> None:
+    """A BSND key has the query's batch size and no block table; a paged one needs a [B, max_blocks] table."""
+    if layout == "BSND":
+        require(block_table is None, f"{op}: `block_table` is only used with {layout_name}='PA_BSND'")
+        require_same(op, "batch size of `key` and `query`", key.shape[0], batch)
+        return
+    require(block_table is not None, f"{op}: {layout_name}='PA_BSND' needs `block_table` [B, max_blocks]")
+    require_rank(op, "block_table", block_table, 2)
+    check_dtype(op, "block_table", block_table, INDEX_DTYPES)
+    require_same(op, "rows of `block_table` and the batch size B", block_table.shape[0], batch)
+
+
+def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
+                  actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
+                  key_scale: Tensor | None, layout_query: str, layout_key: str, sparse_count: int,
+                  sparse_mode: int) -> None:
+    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake)."""
+    require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
+    require_choice(OP, "layout_key", layout_key, LAYOUTS_KEY)
+    require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)
+    require_positive(OP, "sparse_count", sparse_count)
+    for name, t, rank in (("query", query, 4), ("key", key, 4), ("weights", weights, 3)):
+        require_rank(OP, name, t, rank)
+    check_dtype(OP, "query", query, INPUT_DTYPES)
+    check_dtype(OP, "key", key, INPUT_DTYPES)
+    check_dtype(OP, "weights", weights, WEIGHT_DTYPES)
+    batch, s1, n1, d = query.shape
+    require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
+    require_same(OP, "head dim D of `query` and `key`", d, key.shape[3])
+    require(n1 > 0 and d > 0, f"{OP}: `query` needs at least one head and a head dim > 0, got shape "
+                              f"{tuple(query.shape)} [B,S1,N1,D]")
+    positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
+    require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "
+                                    f"returns address at most {INT32_MAX}")
+    require_same(OP, "shape of `weights` and [B,S1,N1] of `query`", tuple(weights.shape), (batch, s1, n1))
+    _check_scale(query, query_scale, "query", "query_scale")
+    _check_scale(key, key_scale, "key", "key_scale")
+    check_key_layout(OP, key, block_table, layout_key, "layout_key", batch)
+    check_lengths(OP, actual_seq_lengths_query, "actual_seq_lengths_query", batch)
+    check_lengths(OP, actual_seq_lengths_key, "actual_seq_lengths_key", batch)
+
+
+def _lengths(op: str, lengths: Tensor | None, default: int, name: str) -> list[int]:
+    if lengths is None:
+        return []
+    values = [int(v) for v in lengths.tolist()]
+    for b, v in enumerate(values):
+        require(0 <= v <= default, f"{op}: `{name}`[{b}]={v} is outside [0, {default}]")
+    return values
+
+
+def _check_block_table(op: str, block_table: Tensor, block_size: int, num_blocks: int,
+                       key_lengths: list[int]) -> None:
+    """Every block that holds one of the first actual_seq_lengths_key[b] tokens must exist in the cache."""
+    for b, length in enumerate(key_lengths):
+        used = block_table[b, :math.ceil(length / block_size)]
+        if used.numel():
+            low, high = int(used.min()), int(used.max())
+            require(low >= 0 and high < num_blocks,
+                    f"{op}: `block_table`[{b}] refers to block {low if low < 0 else high}, outside the "
+                    f"{num_blocks} blocks of the paged `key`")
+
+
+def sequence_lengths(op: str, query: Tensor, key: Tensor, block_table: Tensor | None, query_lengths: Tensor | None,
+                     key_lengths: Tensor | None, key_lengths_name: str) -> tuple[list[int], list[int]]:
+    """Actual query and key lengths per batch as Python ints (defaults filled in), range-checked, and the
+    block table checked against them."""
+    batch, s1 = query.shape[:2]
+    capacity = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
+    lq = _lengths(op, query_lengths, s1, "actual_seq_lengths_query") or [s1] * batch
+    lk = _lengths(op, key_lengths, capacity, key_lengths_name) or [capacity] * batch
+    if block_table is not None:
+        _check_block_table(op, block_table, key.shape[1], key.shape[0], lk)
+    return lq, lk
+
+
+def visible_keys(row: int, query_len: int, key_len: int, sparse_mode: int) -> int:
+    """Number of leading key positions query row `row` may attend to."""
+    if sparse_mode == 0:
+        return key_len
+    return min(max(key_len - query_len + row + 1, 0), key_len)
