@@ -1,7 +1,7 @@
 """`ascend-dsa bench spec`: speculative greedy decoding (npu_graph.generate) against plain greedy decoding.
 
-The model is the trained stdlib checkpoint (`ascend-dsa train`) with an MTP head trained on it (main model frozen,
-npu_graph.training.mtp_head); both are trained first when absent. Prompts are held-out stdlib windows. For eager and
+The model is the trained stdlib-mtp checkpoint (`ascend-dsa train --config stdlib-mtp`: the stdlib model with its MTP
+head trained with it), trained first when absent. Prompts are held-out stdlib windows. For eager and
 compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
 head's drafts (checkpoint rollback; eager also replay) — the `rows` — and with oracle drafts (the plain greedy
 tokens: every draft accepted, the speed a perfect draft head would reach at this verify cost) — `oracle_rows`,
@@ -25,6 +25,7 @@ from npu_graph.models.hybrid import HybridLM
 from npu_graph.observe import progress
 
 KS = (1, 2, 3, 4)
+CONFIG = "stdlib-mtp"
 OPTIONS = {"cache": False, "verify": False}
 
 
@@ -43,14 +44,16 @@ class OracleDecoder(Decoder):
 
 
 def load_model() -> tuple[HybridLM, str]:
-    """(the trained stdlib model with its trained MTP head, what it is); each is trained first when absent."""
+    """(the trained stdlib-mtp checkpoint: the stdlib model with its MTP head trained with it, what it is); trained
+    first when absent (`ascend-dsa train --config stdlib-mtp`)."""
     from npu_graph.training import checkpoint
-    from npu_graph.training.mtp_head import mtp_dir, trained_mtp_model
+    from npu_graph.training.loop import trained_model
 
-    model = trained_mtp_model("stdlib", 0)
-    record = checkpoint.load_record(mtp_dir("stdlib", 0))
-    return model, (f"trained stdlib checkpoint, MTP head trained on it for {record['seconds']:.0f} s "
-                   f"(held-out top-1 of the byte two ahead {record['heldout_mtp_top1']:.2f})")
+    model = trained_model(CONFIG, 0)
+    record = checkpoint.load_record(checkpoint.default_dir(CONFIG, 0))
+    return model, (f"trained {CONFIG} checkpoint ({record['steps']} steps, {record['seconds']:.0f} s; held-out "
+                   f"{record['heldout_bits_per_byte']:.2f} bits/byte, MTP head's top-1 of the byte two ahead "
+                   f"{record['heldout_mtp_top1']:.2f})")
 
 
 def heldout_prompts(batch: int, length: int) -> torch.Tensor:

@@ -106,6 +106,17 @@ _SMALL = HybridConfig(
     moe_intermediate_size=256, max_context=4096 + 256,
 )
 
+# Trained on the stdlib's bytes by npu_graph.training (a few minutes on 2 cores); kv_lora_rank and index_head_dim
+# fit the FP8 cache of quant="dsa" (multiples of 128 and 32).
+_STDLIB = HybridConfig(
+    vocab_size=256, hidden_size=128, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=4,
+    q_lora_rank=64, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+    index_n_heads=8, index_head_dim=32, index_rope_head_dim=16, index_topk=64,
+    kda_num_heads=4, kda_head_dim=32, intermediate_size=256,
+    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+    moe_intermediate_size=64, max_context=512, block_size=64,
+)
+
 CONFIGS: dict[str, HybridConfig] = {
     # 16 index heads (tiny, small): with few heads, ReLU makes exact-zero scores common, and top-k among exact
     # ties is arbitrary (eager and fused picks may then differ).
@@ -118,16 +129,9 @@ CONFIGS: dict[str, HybridConfig] = {
         moe_intermediate_size=32, max_context=256, block_size=16, initializer_range=0.1,
     ),
     "small": _SMALL,
-    # Trained on the stdlib's bytes by npu_graph.training (a few minutes on 2 cores); kv_lora_rank and
-    # index_head_dim fit the FP8 cache of quant="dsa" (multiples of 128 and 32).
-    "stdlib": HybridConfig(
-        vocab_size=256, hidden_size=128, num_layers=4, layer_types=["dsa", "kda", "dsa", "kda"], num_heads=4,
-        q_lora_rank=64, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        index_n_heads=8, index_head_dim=32, index_rope_head_dim=16, index_topk=64,
-        kda_num_heads=4, kda_head_dim=32, intermediate_size=256,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
-        moe_intermediate_size=64, max_context=512, block_size=64,
-    ),
+    "stdlib": _STDLIB,
+    # stdlib with a multi-token-prediction head trained with it (speculative decoding's drafts, `bench spec`)
+    "stdlib-mtp": dataclasses.replace(_STDLIB, mtp_layers=1),
     "ctx16k": dataclasses.replace(_SMALL, max_context=16384 + 256, index_topk=2048),
 }
 

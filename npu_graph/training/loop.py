@@ -4,9 +4,15 @@ Each step takes `batch` random windows of `seq_len` + 1 bytes from the training 
 training mode from an empty cache sized to the window, and minimises
 
     cross-entropy of the next byte  +  indexer_kl_weight · KL(dense attention ‖ indexer)  +  balance_weight · balance
+    [ + mtp_weight · cross-entropy of the byte two ahead, when the config has an MTP head ]
 
 (the indexers read detached inputs, so the KL term trains only them, as DeepSeek-V3.2 trains its indexer; the
-balance term is DeepSeek-V3's complementary load-balance loss of the MoE routers). AdamW, linear warm-up then
+balance term is DeepSeek-V3's complementary load-balance loss of the MoE routers). With `mtp_layers=1` (config
+"stdlib-mtp") the multi-token-prediction head is trained with the model, as DeepSeek-V3 trains it: from the last
+hidden state h_i and the embedding of x_{i+1} it predicts x_{i+2}; its loss, weighted by λ = `mtp_weight`
+(DeepSeek-V3: 0.3, later 0.1), reaches the shared embedding and output head and, through h, the whole model; its
+own indexer joins the KL term. The MTP loss is reported beside the main loss (`mtp_bits_per_byte`) and
+evaluated on the held-out windows with the head's top-1 rate two ahead. AdamW, linear warm-up then
 cosine decay over the planned steps (or, when only a time budget is given, over the budget's elapsed
 fraction), gradient norm clipped at 1. With `max_steps` a run is reproducible bit for bit for its seed.
 At the end the model is evaluated on fixed held-out windows (bits per byte) and saved with its record and
@@ -27,6 +33,7 @@ import torch.nn.functional as F
 
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM, aux_losses
+from npu_graph.models.mtp import mtp_block_config
 from npu_graph.training import checkpoint, corpus, curve
 from npu_graph.training.progress import StepReporter
 
@@ -54,20 +61,51 @@ class TrainSettings:
     eval_windows: int = 64
     eval_every: int = 100
     max_train_bytes: int | None = None
+    mtp_weight: float = 0.3     # λ of the MTP loss; used only when the config has an MTP head
 
 
 def bits_per_byte(model: HybridLM, windows: torch.Tensor, batch: int) -> float:
     """Mean next-byte cross-entropy in bits over `windows` [N, L + 1], in eval mode."""
+    return heldout_scores(model, windows, batch)["bits_per_byte"]
+
+
+def heldout_scores(model: HybridLM, windows: torch.Tensor, batch: int) -> dict[str, float]:
+    """`bits_per_byte` over `windows` [N, L + 1] in eval mode; with an MTP head also its cross-entropy in bits
+    for the byte two ahead (`mtp_bits_per_byte`) and how often its top guess is that byte (`mtp_top1`)."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    sums = {"bits_per_byte": 0.0, "mtp_bits_per_byte": 0.0, "mtp_top1": 0.0}
+    counts = {"main": 0, "mtp": 0}
     with torch.no_grad():
         for part in windows.split(batch):
-            logits = model(part[:, :-1], _window_cache(model.config, part.shape[0], part.shape[1] - 1))
-            total += F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="sum").item()
-            count += part[:, 1:].numel()
+            logits, mtp_logits = predict(model, part)
+            sums["bits_per_byte"] += _cross_entropy(logits, part[:, 1:], "sum").item()
+            counts["main"] += part[:, 1:].numel()
+            if mtp_logits is not None:
+                sums["mtp_bits_per_byte"] += _cross_entropy(mtp_logits, part[:, 2:], "sum").item()
+                sums["mtp_top1"] += (mtp_logits.argmax(-1) == part[:, 2:]).sum().item()
+                counts["mtp"] += part[:, 2:].numel()
     model.train(was_training)
-    return total / count / LN2
+    scores = {"bits_per_byte": sums["bits_per_byte"] / counts["main"] / LN2}
+    if counts["mtp"]:
+        scores.update(mtp_bits_per_byte=sums["mtp_bits_per_byte"] / counts["mtp"] / LN2,
+                      mtp_top1=sums["mtp_top1"] / counts["mtp"])
+    return scores
+
+
+def predict(model: HybridLM, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(next-byte logits `[B, L, vocab]` of windows `[B, L + 1]` from an empty cache; with an MTP head, its logits
+    for the byte two ahead `[B, L - 1, vocab]` from the main model's hidden states and the next bytes, else None)."""
+    batch, length = windows.shape[0], windows.shape[1] - 1
+    logits, hidden = model(windows[:, :-1], _window_cache(model.config, batch, length), return_hidden=True)
+    if not model.config.mtp_layers:
+        return logits, None
+    mtp_cache = _window_cache(mtp_block_config(model.config), batch, length - 1)
+    return logits, model.draft(hidden[:, :-1], windows[:, 1:-1], mtp_cache)[0]
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
 
 
 def _window_cache(config: HybridConfig, batch: int, length: int) -> HybridCache:
@@ -84,16 +122,21 @@ def _lr_factor(settings: TrainSettings, step: int, fraction_done: float) -> floa
 
 def _step(model: HybridLM, optimizer: torch.optim.Optimizer, windows: torch.Tensor,
           settings: TrainSettings) -> dict[str, float]:
-    logits = model(windows[:, :-1], _window_cache(model.config, windows.shape[0], windows.shape[1] - 1))
-    ce = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+    logits, mtp_logits = predict(model, windows)
+    ce = _cross_entropy(logits, windows[:, 1:])
     aux = aux_losses(model)
     loss = (ce + settings.indexer_kl_weight * aux.get("indexer_kl", ce.new_zeros(()))
             + settings.balance_weight * aux.get("balance", ce.new_zeros(())))
+    reported = {"bits_per_byte": ce.item() / LN2}
+    if mtp_logits is not None:
+        mtp_ce = _cross_entropy(mtp_logits, windows[:, 2:])
+        loss = loss + settings.mtp_weight * mtp_ce
+        reported["mtp_bits_per_byte"] = mtp_ce.item() / LN2
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-    return {"bits_per_byte": ce.item() / LN2, **{name: value.item() for name, value in aux.items()}}
+    return {**reported, **{name: value.item() for name, value in aux.items()}}
 
 
 def train(settings: TrainSettings, out: str | Path | None = None, show_progress: bool = True) -> dict[str, Any]:
@@ -123,11 +166,13 @@ def train(settings: TrainSettings, out: str | Path | None = None, show_progress:
                 evals.append((step, bits_per_byte(model, heldout, settings.batch)))
             reporter.update(step, last, settings.batch * settings.seq_len)
     seconds = time.perf_counter() - start
-    final = bits_per_byte(model, heldout, settings.batch)
+    scores = heldout_scores(model, heldout, settings.batch)
+    final = scores["bits_per_byte"]
     evals.append((step, final))
     record = {"settings": dataclasses.asdict(settings), "steps": step, "seconds": round(seconds, 1),
               "corpus_digest": text.digest, "train_files": len(text.train_files),
               "heldout_files": len(text.heldout_files), "heldout_bits_per_byte": round(final, 4),
+              **{f"heldout_{name}": round(value, 4) for name, value in scores.items() if name.startswith("mtp")},
               "final_losses": {k: round(v, 4) for k, v in last.items()}, "heldout_curve": evals,
               "torch": torch.__version__}
     checkpoint.save(model.eval(), record, out)

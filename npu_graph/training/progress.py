@@ -34,7 +34,8 @@ class StepReporter:
     def update(self, step: int, losses: dict[str, float], tokens: int) -> None:
         self._tokens += tokens
         elapsed = time.perf_counter() - self._start
-        text = (f"step {step}  {losses['bits_per_byte']:.3f} bits/byte  "
+        mtp = f"(MTP {losses['mtp_bits_per_byte']:.3f})  " if "mtp_bits_per_byte" in losses else ""
+        text = (f"step {step}  {losses['bits_per_byte']:.3f} bits/byte  {mtp}"
                 f"{self._tokens / max(elapsed, 1e-9):,.0f} tokens/s")
         if self._bar is not None:
             done = step if self.max_steps is not None else min(elapsed, self.budget_s)

@@ -231,7 +231,8 @@ def test_generate_greedy_continues_the_prompt() -> None:
 
 
 def test_named_configs_are_copies_and_validated() -> None:
-    assert set(CONFIGS) == {"tiny", "small", "ctx16k", "stdlib"}
+    assert set(CONFIGS) == {"tiny", "small", "ctx16k", "stdlib", "stdlib-mtp"}
+    assert HybridConfig.named("stdlib-mtp").mtp_layers == 1 and not HybridConfig.named("stdlib").mtp_layers
     tiny = HybridConfig.named("tiny")
     tiny.layer_types.append("dsa")
     assert len(HybridConfig.named("tiny").layer_types) == 4
