@@ -14,10 +14,11 @@ from npu_graph.observe.implementations import implementations
 from npu_graph.observe.report import GraphReport, fused_op_counts, op_count
 from npu_graph.observe.trace import traced_dump
 from npu_graph.parallel.ep_report import expert_parallel_summary
-from npu_graph.pass_api import PassContext
+from npu_graph.pass_api import MetaKey, PassContext
 from npu_graph.pipeline import run_pipeline
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets import cpu, npu
+from npu_graph.targets.description import describe
 
 
 class CompileStepError(RuntimeError):
@@ -26,6 +27,15 @@ class CompileStepError(RuntimeError):
     def __init__(self, step: str, cause: BaseException):
         super().__init__(f"step {step!r} failed: {type(cause).__name__}: {cause}")
         self.step = step
+
+
+def _graph_device(gm: torch.fx.GraphModule) -> str:
+    """The device of the graph's first tensor (the profile and stream switches follow it), else "cpu"."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type != "meta":
+            return str(value.device)
+    return "cpu"
 
 
 def _fake_mode(example_inputs: Sequence[Any]) -> Any:
@@ -44,10 +54,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.dump_folder = dump.folder if dump else None
     report.nodes_before = len(gm.graph.nodes)
     for node in gm.graph.nodes:
-        node.meta.setdefault("created_by", "capture")
+        node.meta.setdefault(MetaKey.CREATED_BY, "capture")
     if dump:
         dump.write_stage(0, "captured", gm, {})
-    ctx = PassContext(config=config, target=config.target, inference=report.inference,
+    ctx = PassContext(config=config, machine=describe(config.target, _graph_device(gm)), inference=report.inference,
                       fake_mode=_fake_mode(example_inputs), dump=dump, graph_name=report.name,
                       param_indices=tuple(param_indices))
     try:

@@ -1,8 +1,88 @@
-"""What every graph pass receives and returns: PassContext in, PassResult out."""
+"""What every graph pass receives and returns: PassContext in, PassResult out.
+
+A pass knows no devices. What it may know of the machine a graph is compiled for is the TargetDescription the
+target builds (npu_graph.targets.description.describe) and the context carries: the cost profile for
+scheduling, how a planned weight layout is realised, whether streams need explicit switches. The node.meta
+keys passes hand to later passes, the lowering and the runtime are declared once, in MetaKey.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from npu_graph.config import CompilerConfig
+    from npu_graph.observe.dump import GraphDump
+
+
+class MetaKey:
+    """node.meta keys read after the pass that writes them (torch's own "val" aside)."""
+
+    STREAM = "stream"                    # int: the stream a node launches on (assign_streams)
+    SUPERKERNEL = "superkernel"          # int: the SuperKernel region a node belongs to (partition_superkernels)
+    LAYOUT = "layout"                    # dict: a weight placeholder's planned layout (layout_nz)
+    CREATED_BY = "created_by"            # str: the pass that made a node, "capture" for captured ones (pipeline)
+    FUSED_INDEXER = "ascend_dsa_indexer"  # Node: the fused lightning_indexer whose indices a top-k node gives
+    SUPERKERNEL_COMPILER = "superkernel_compiler"  # gm.meta, str: what compiles the SuperKernel regions
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A device's costs for the scheduling cost model (passes/streams/cost_model.py)."""
+
+    name: str
+    flops_per_s: float   # dense matmul peak in the compute dtype
+    bytes_per_s: float   # memory bandwidth
+    launch_s: float      # fixed cost of one operator launch
+    event_s: float       # one cross-stream record + wait
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PRE_TRANSPOSED = "pre-transposed contiguous [K, N]"  # a weight form: W [N, K] stored once as W.t().contiguous()
+WeightForm = Callable[["torch.dtype", tuple[int, ...]], "str | None"]
+
+
+@dataclass(frozen=True)
+class TargetDescription:
+    """What passes may ask of the target; the target builds it, passes never look at devices themselves.
+
+    `weight_form(dtype, shape)` is the form the graph itself gives a matmul weight (PRE_TRANSPOSED) or None to
+    leave it; `weight_form=None` means the lowering realises planned layouts (the NPU casts NZ weights at load).
+    `stream_device` is the device whose launching stream set_stream nodes switch; None where streams are host
+    threads that need no switch (the CPU). `channels_last_depthwise_conv`: the target's depthwise convolution
+    is faster reading a channels-last input through a channels-last weight view."""
+
+    name: str
+    cost: DeviceProfile
+    weight_form: WeightForm | None = None
+    stream_device: str | None = None
+    channels_last_depthwise_conv: bool = False
+
+
+def _cpu_description() -> TargetDescription:
+    from npu_graph.targets.description import describe
+
+    return describe("cpu")
+
+
+@dataclass
+class PassContext:
+    """What a pass may read: the config, the target's description (`machine`), whether the graph is
+    inference-only, the dump, and which graph inputs are model parameters (`param_indices`, placeholder
+    positions; their work is hoisted)."""
+
+    config: CompilerConfig | None
+    machine: TargetDescription = field(default_factory=_cpu_description)
+    inference: bool = True
+    fake_mode: Any = None
+    dump: GraphDump | None = None
+    graph_name: str = "graph"
+    param_indices: tuple[int, ...] = ()
 
 
 @dataclass
@@ -15,17 +95,3 @@ class PassResult:
     changed: bool
     stats: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class PassContext:
-    """What a pass may read: the config, the target, whether the graph is inference-only, the dump, and which
-    graph inputs are model parameters (`param_indices`, placeholder positions; their work is hoisted)."""
-
-    config: Any
-    target: str = "cpu"
-    inference: bool = True
-    fake_mode: Any = None
-    dump: Any = None
-    graph_name: str = "graph"
-    param_indices: tuple[int, ...] = ()

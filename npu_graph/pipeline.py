@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.fx
 
-from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.pass_api import MetaKey, PassContext, PassResult
 from npu_graph.passes import (
     absorb_mla,
     assign_streams,
@@ -124,7 +124,7 @@ def _run_one(p: ModuleType, gm: torch.fx.GraphModule, ctx: PassContext) -> PassR
     if result.changed:
         for node in gm.graph.nodes:
             if node not in existing:
-                node.meta["created_by"] = p.NAME
+                node.meta[MetaKey.CREATED_BY] = p.NAME
         gm.graph.lint()
         gm.recompile()
     return result

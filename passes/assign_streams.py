@@ -1,7 +1,7 @@
 """assign_streams: put independent work on up to `streams.count` streams, with explicit events between them.
 
 What vllm-ascend writes by hand (`npu_stream_switch`, `npu_wait_tensor`) is derived here from the graph: a
-cost per node (streams/cost_model.py, the profile of the graph's device), the dependencies (data and in-place
+cost per node (streams/cost_model.py, the target description's cost profile), the dependencies (data and in-place
 writes, streams/deps.py) and list scheduling (streams/schedule.py) give every call_function node its
 node.meta["stream"]. The graph is then reordered to launch runs of one stream, and every use of a value
 from another stream waits on an event recorded after its producer (npu_graph.runtime.streams.record_event /
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.streams.cost_model import is_free, node_seconds, profile_for
+from npu_graph.pass_api import MetaKey, PassContext, PassResult
+from npu_graph.passes.streams.cost_model import is_free, node_seconds
 from npu_graph.passes.streams.deps import dependencies
 from npu_graph.passes.streams.prologs import prolog_plans
 from npu_graph.passes.streams.schedule import Slot, program_order, schedule
@@ -22,14 +22,6 @@ from npu_graph.runtime.streams import Clocks, record_event, set_stream, stream_o
 
 NAME = "assign_streams"
 INFERENCE_ONLY = True
-
-
-def graph_device(graph: torch.fx.Graph) -> torch.device:
-    for node in graph.nodes:
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor) and value.device.type != "meta":
-            return value.device
-    return torch.device("cpu")
 
 
 def _reorder(graph: torch.fx.Graph, order: list[torch.fx.Node]) -> None:
@@ -61,7 +53,7 @@ def _insert_events(graph: torch.fx.Graph, order: list[torch.fx.Node],
         event_of[produced] = len(event_of)
         with graph.inserting_after(after):
             node = graph.call_function(record_event, (event_of[produced], stream_of(produced), produced))
-        node.meta["stream"] = stream_of(produced)
+        node.meta[MetaKey.STREAM] = stream_of(produced)
         clocks.step(node)
 
     for node in inputs:
@@ -77,7 +69,7 @@ def _insert_events(graph: torch.fx.Graph, order: list[torch.fx.Node],
         for p in latest.values():
             with graph.inserting_before(node):
                 wait = graph.call_function(wait_event, (event_of[p], s))
-            wait.meta["stream"] = s
+            wait.meta[MetaKey.STREAM] = s
             clocks.step(wait)
             waits += 1
         clocks.step(node)
@@ -93,7 +85,7 @@ def _drop_unwaited(graph: torch.fx.Graph) -> int:
     return len(waited)
 
 
-def _insert_switches(graph: torch.fx.Graph, device: torch.device) -> None:
+def _insert_switches(graph: torch.fx.Graph, device: str) -> None:
     """set_stream before each change of launching stream, and back to stream 0 before the output."""
     current = 0
     for node in list(graph.nodes):
@@ -101,8 +93,8 @@ def _insert_switches(graph: torch.fx.Graph, device: torch.device) -> None:
         if node.target in (record_event, wait_event) or wanted == current:
             continue
         with graph.inserting_before(node):
-            switch = graph.call_function(set_stream, (wanted, str(device)))
-        switch.meta["stream"] = wanted
+            switch = graph.call_function(set_stream, (wanted, device))
+        switch.meta[MetaKey.STREAM] = wanted
         current = wanted
 
 
@@ -119,14 +111,13 @@ def _summary(plan: dict[torch.fx.Node, Slot], cost: dict[torch.fx.Node, float], 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     count = ctx.config.streams.count
-    device = graph_device(gm.graph)
-    profile = profile_for(ctx.target, device.type)
+    profile = ctx.machine.cost
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     deps = dependencies(gm.graph)
     cost = {n: node_seconds(n, profile) for n in nodes}
     plan = schedule(nodes, deps, cost, {n for n in nodes if is_free(n)}, count, profile.event_s)
     for node in nodes:
-        node.meta["stream"] = plan[node].stream
+        node.meta[MetaKey.STREAM] = plan[node].stream
     prologs = prolog_plans(nodes, deps, cost, count, profile.event_s)
     used = len({s.stream for s in plan.values()})
     events = 0
@@ -135,8 +126,8 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
         _reorder(gm.graph, order)
         _insert_events(gm.graph, order, deps, _cross_producers(order, deps, plan))
         events = _drop_unwaited(gm.graph)
-        if device.type != "cpu":
-            _insert_switches(gm.graph, device)
+        if ctx.machine.stream_device is not None:
+            _insert_switches(gm.graph, ctx.machine.stream_device)
         races = unordered_uses(gm.graph, dependencies(gm.graph))
         if races:
             raise RuntimeError(f"stream plan has unordered uses: {races[:3]}")

@@ -10,10 +10,10 @@ convolution that view of its weight (`as_strided`, hoisted with the parameters) 
 fake values; the model's transpose back then yields a contiguous [B, T, C] (tiny Kimi Linear prefill of 2048
 tokens: see the README's results).
 
-CPU target only, inference graphs, static or symbolic lengths; convolutions with one output step (decode:
-short_depthwise_conv's) and inputs that are not channels-last are left alone. When the new layout does not
-propagate (a view downstream that only the old strides allow), the graph is restored and the convolution
-reported as a near miss.
+Targets whose description asks for it (PassContext.machine.channels_last_depthwise_conv: the CPU), inference
+graphs, static or symbolic lengths; convolutions with one output step (decode: short_depthwise_conv's) and
+inputs that are not channels-last are left alone. When the new layout does not propagate (a view downstream
+that only the old strides allow), the graph is restored and the convolution reported as a near miss.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _restore(gm: torch.fx.GraphModule, changed: list[tuple[torch.fx.Node, torch.
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    if ctx.target != "cpu":
+    if not ctx.machine.channels_last_depthwise_conv:
         return PassResult(changed=False, stats={"matches": {}})
     graph, changed = gm.graph, []
     outputs_before, before = _output_strides(gm), meta_snapshot(gm)

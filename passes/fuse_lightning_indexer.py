@@ -19,7 +19,7 @@ import torch
 import torch.fx
 import torch.utils._sympy.functions as sympy_functions
 
-from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.pass_api import MetaKey, PassContext, PassResult
 from npu_graph.passes.matching.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten
 from npu_graph.passes.matching.fusion_graph import causal_lengths_from_mask, fuse_matches, int32_table, leaf_root_ids
 from npu_graph.passes.matching.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts
@@ -182,7 +182,7 @@ def _replace_outputs(graph: torch.fx.Graph, m: IndexerMatch, fused: torch.fx.Nod
         padded = graph.call_function(aten.lt.Scalar, (idx, 0))
         idx = graph.call_function(aten.where.ScalarSelf, (padded, last, idx))
         idx = graph.call_function(aten._to_copy.default, (idx,), {"dtype": val(indices_out).dtype})
-        idx.meta["ascend_dsa_indexer"] = fused
+        idx.meta[MetaKey.FUSED_INDEXER] = fused
         indices_out.replace_all_uses_with(idx)
     if values_out is not None:
         values = _to_count(graph, m, graph.call_function(operator.getitem, (fused, 1)), out_shape)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.pass_api import MetaKey, PassContext, PassResult
 from npu_graph.passes.matching.attention_parts import Term, score_terms, softmax_parts, split_score_and_mask
 from npu_graph.passes.matching.axis_trace import Axis, Expr, Tracer, flat
 from npu_graph.passes.matching.fusion_graph import (
@@ -163,7 +163,7 @@ def _indexer_output(indices: torch.fx.Node) -> torch.fx.Node | None:
     node = indices
     while isinstance(node, torch.fx.Node):
         if "ascend_dsa_indexer" in node.meta:
-            return node.meta["ascend_dsa_indexer"]
+            return node.meta[MetaKey.FUSED_INDEXER]
         if node.target not in VIEWS_AND_CASTS and node.target != aten.select.int:
             return None
         node = node.args[0]

@@ -1,10 +1,11 @@
-"""layout_nz: plan the layout of every weight that feeds a matmul, and realise the plan for the CPU target.
+"""layout_nz: plan the layout of every weight that feeds a matmul, and realise the plan where the target asks.
 
 A weight is a model parameter (PassContext.param_indices) read, through views only, by a matmul (mm, addmm,
 bmm, baddbmm, linear, fused_moe). Its plan goes into node.meta["layout"] of the placeholder:
 {"format": "FRACTAL_NZ" | "ND", "fractal": [16, 16] (16-bit and 32-bit) | [16, 32] (8-bit) | None, "reason"}.
-The NPU target casts NZ weights once at load (`torch_npu.npu_format_cast(w, 29)`). The CPU target realises the
-plan as the form its GEMM is measured fastest with (npu_graph.targets.cpu_gemm_profile): `mm(x, t(w))` becomes
+The NPU target casts NZ weights once at load (`torch_npu.npu_format_cast(w, 29)`). A target whose description
+names a weight form (PassContext.machine.weight_form; the CPU's is the form its GEMM is measured fastest with,
+npu_graph.targets.cpu_gemm_profile) has it realised in the graph: PRE_TRANSPOSED turns `mm(x, t(w))` into
 `mm(x, clone(t(w)))`, a contiguous pre-transposed weight that the parameter prologue computes once per
 parameter version, never per call. Numbers are unchanged. `layout.nz="off"` plans ND everywhere and leaves
 the CPU weights as they are.
@@ -19,9 +20,8 @@ import torch
 import torch.fx
 
 from npu_graph.kernels.nz import nz_fractal
-from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.pass_api import PRE_TRANSPOSED, MetaKey, PassContext, PassResult
 from npu_graph.passes.matching.values import RESHAPES, UNIT_DIMS, val
-from npu_graph.targets.cpu_gemm_profile import preferred_form
 
 NAME = "layout_nz"
 INFERENCE_ONLY = True
@@ -73,11 +73,8 @@ def _weights(gm: torch.fx.GraphModule, params: set[torch.fx.Node]) -> dict[torch
     return found
 
 
-def _realise_cpu(gm: torch.fx.GraphModule, weight: torch.fx.Node, users: list[torch.fx.Node]) -> int:
+def _realise_pre_transposed(gm: torch.fx.GraphModule, weight: torch.fx.Node, users: list[torch.fx.Node]) -> int:
     """mm/addmm reading t(weight) read a contiguous pre-transposed copy instead; returns how many changed."""
-    w = val(weight)
-    if preferred_form(w.dtype, tuple(w.shape)) is None:
-        return 0
     changed = 0
     for t in [u for u in weight.users if u.target in (aten.t.default, aten.permute.default)]:
         if t.target is aten.permute.default and list(t.args[1]) != [1, 0]:
@@ -94,6 +91,13 @@ def _realise_cpu(gm: torch.fx.GraphModule, weight: torch.fx.Node, users: list[to
     return changed
 
 
+def _form(ctx: PassContext, weight: torch.fx.Node) -> str | None:
+    """The form the target gives this weight in the graph, if it realises layouts itself and nz is not off."""
+    if ctx.machine.weight_form is None or ctx.config.layout.nz == "off":
+        return None
+    return ctx.machine.weight_form(val(weight).dtype, tuple(val(weight).shape))
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = {placeholders[i] for i in ctx.param_indices if i < len(placeholders)}
@@ -101,11 +105,12 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     records, realised = [], 0
     for weight, users in weights.items():
         layout = plan(val(weight), ctx.config.layout.nz)
-        weight.meta["layout"] = layout
-        cpu_form = None
-        if ctx.target == "cpu" and ctx.config.layout.nz != "off" and _realise_cpu(gm, weight, users):
+        weight.meta[MetaKey.LAYOUT] = layout
+        cpu_form = _form(ctx, weight)
+        if cpu_form == PRE_TRANSPOSED and _realise_pre_transposed(gm, weight, users):
             realised += 1
-            cpu_form = preferred_form(val(weight).dtype, tuple(val(weight).shape))
+        else:
+            cpu_form = None
         records.append({"weight": weight.name, "shape": list(val(weight).shape), "dtype": str(val(weight).dtype),
                         **layout, "consumers": sorted({str(u.target) for u in users}), "cpu_form": cpu_form})
     counts = Counter(r["format"] for r in records)

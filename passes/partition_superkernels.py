@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx
 
-from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.pass_api import MetaKey, PassContext, PassResult
 from npu_graph.passes.streams.cost_model import is_free
 from npu_graph.runtime.superkernel import PREFIX, is_region, wrap
 
@@ -42,7 +42,7 @@ def _runs(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
     runs: list[list[torch.fx.Node]] = [[]]
     open_region: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        same_stream = not runs[-1] or node.meta.get("stream", 0) == runs[-1][0].meta.get("stream", 0)
+        same_stream = not runs[-1] or node.meta.get(MetaKey.STREAM, 0) == runs[-1][0].meta.get(MetaKey.STREAM, 0)
         if not (eligible(node, open_region) and same_stream):
             runs.append([])
             open_region = set()
@@ -60,13 +60,13 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     runs = _runs(gm.graph)
     for index, members in enumerate(runs):
         for node in members:
-            node.meta["superkernel"] = index
-    regions = [{"name": f"{PREFIX}{i}", "stream": members[0].meta.get("stream", 0),
+            node.meta[MetaKey.SUPERKERNEL] = index
+    regions = [{"name": f"{PREFIX}{i}", "stream": members[0].meta.get(MetaKey.STREAM, 0),
                 "ops": sum(not is_free(n) for n in members), "nodes": len(members)}
                for i, members in enumerate(runs)]
     wrap(gm)
     compiler = ctx.config.superkernel_compiler()
-    gm.meta["superkernel_compiler"] = compiler
+    gm.meta[MetaKey.SUPERKERNEL_COMPILER] = compiler
     inside = sum(r["ops"] for r in regions)
     summary = {"count": len(regions), "enabled": True, "compiler": compiler, "ops_inside": inside,
                "regions": regions}

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from npu_graph.pass_api import MetaKey
+
 _local = threading.local()
 _side_streams: dict[tuple[str, int], Any] = {}
 
@@ -108,7 +110,7 @@ def stream_of(node: torch.fx.Node) -> int:
     """The stream a node runs on: its meta["stream"], the stream argument of event ops, 0 for inputs."""
     if node.target in (record_event, wait_event, set_stream):
         return int(node.args[1] if node.target is not set_stream else node.args[0])
-    return int(node.meta.get("stream", 0))
+    return int(node.meta.get(MetaKey.STREAM, 0))
 
 
 class Clocks:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from npu_graph.pass_api import MetaKey
 from npu_graph.runtime.autotune import MeasuredChoice
 
 PREFIX = "superkernel_"
@@ -24,7 +25,7 @@ def _runs(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
     runs: list[list[torch.fx.Node]] = []
     previous = None
     for node in graph.nodes:
-        tag = node.meta.get("superkernel") if node.op == "call_function" else None
+        tag = node.meta.get(MetaKey.SUPERKERNEL) if node.op == "call_function" else None
         if tag is None:
             previous = None
             continue
@@ -58,18 +59,18 @@ def wrap(gm: torch.fx.GraphModule) -> int:
     Returns the number of regions."""
     runs = _runs(gm.graph)
     for run in runs:
-        index = run[0].meta["superkernel"]
+        index = run[0].meta[MetaKey.SUPERKERNEL]
         graph, inputs, outputs = _region_graph(run)
         name = f"{PREFIX}{index}"
         gm.add_submodule(name, torch.fx.GraphModule(torch.nn.Module(), graph, name))
         with gm.graph.inserting_after(run[-1]):
             call = gm.graph.call_module(name, tuple(inputs))
-        call.meta.update(superkernel=index, stream=run[0].meta.get("stream", 0),
-                         val=tuple(n.meta.get("val") for n in outputs))
+        call.meta.update({MetaKey.SUPERKERNEL: index, MetaKey.STREAM: run[0].meta.get(MetaKey.STREAM, 0),
+                          "val": tuple(n.meta.get("val") for n in outputs)})
         with gm.graph.inserting_after(call):
             for i, node in enumerate(outputs):
                 item = gm.graph.call_function(operator.getitem, (call, i))
-                item.meta = {**node.meta, "superkernel": None}
+                item.meta = {**node.meta, MetaKey.SUPERKERNEL: None}
                 node.replace_all_uses_with(item, delete_user_cb=lambda user, members=set(run): user not in members)
         for node in reversed(run):
             gm.graph.erase_node(node)

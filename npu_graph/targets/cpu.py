@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch.fx
 
+from npu_graph.pass_api import MetaKey
 from npu_graph.runtime import streams, superkernel
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.runtime.hoist import split_prologue
@@ -50,7 +51,7 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
         attributes.update(attribute_plan(prologue))
     # Settings go at the top: each generated function's source ends inside its indented body.
     if regions:
-        source = f"SUPERKERNEL_COMPILER = {gm.meta.get('superkernel_compiler', 'python')!r}\n" + source
+        source = f"SUPERKERNEL_COMPILER = {gm.meta.get(MetaKey.SUPERKERNEL_COMPILER, 'python')!r}\n" + source
     if prologue is not None and frozen_parameters:
         source = "FROZEN_PARAMETERS = True\n" + source
     return CompiledGraph(name, bind_source(source), globals_, attributes, tuple(used))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-PRE_TRANSPOSED = "pre-transposed contiguous [K, N]"
+from npu_graph.pass_api import PRE_TRANSPOSED
 
 
 def preferred_form(dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from npu_graph.pass_api import MetaKey
 from npu_graph.targets.npu_contract import Arg, NpuCall
 from npu_graph.targets.npu_op_table import lower_node
 from npu_graph.targets.npu_ops import Names
@@ -48,7 +49,7 @@ class NpuProgram:
 
 
 def _is_nz(node: torch.fx.Node) -> bool:
-    layout = node.meta.get("layout")
+    layout = node.meta.get(MetaKey.LAYOUT)
     return node.op == "placeholder" and isinstance(layout, dict) and layout.get("format") == "FRACTAL_NZ"
 
 

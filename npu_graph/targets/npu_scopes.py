@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from npu_graph.pass_api import MetaKey
 from npu_graph.targets.npu_contract import Arg, NpuCall
 from npu_graph.targets.npu_ops import Names
 from npu_graph.targets.npu_signatures import TORCH_NPU_VERSION, TORCHAIR_VERSION
@@ -45,7 +46,7 @@ class Block:
     def stream(self) -> int | None:
         if self.children:
             return next((c.stream for c in self.children if c.stream is not None), None)
-        stream = self.node.meta.get("stream")
+        stream = self.node.meta.get(MetaKey.STREAM)
         return stream if isinstance(stream, int) else None
 
 

@@ -8,10 +8,11 @@ import torch
 import npu_graph
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.passes import assign_streams
-from npu_graph.passes.streams.cost_model import PROFILES, node_seconds
+from npu_graph.passes.streams.cost_model import node_seconds
 from npu_graph.passes.streams.deps import dependencies
 from npu_graph.passes.streams.prologs import prolog_plans
 from npu_graph.runtime.streams import drop_host_events, record_event, stream_of, unordered_uses, wait_event
+from npu_graph.targets.description import PROFILES
 
 aten = torch.ops.aten
 

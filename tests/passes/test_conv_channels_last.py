@@ -10,6 +10,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from npu_graph.pass_api import PassContext
 from npu_graph.passes import conv_channels_last
 from npu_graph.passes.matching.values import val
+from npu_graph.targets.description import describe
 
 CONV = "aten.convolution.default"
 
@@ -58,7 +59,7 @@ def test_graph_gives_channels_last_conv_and_contiguous_rows():
     args = torch.randn(1, 40, 8), torch.randn(32, 1, 4), torch.randn(8, 32)
     gm = make_fx(mixer_input, tracing_mode="fake")(*args)
     before = conv_outputs(gm)[0].stride()
-    result = conv_channels_last.run(gm, PassContext(config=None, target="cpu"))
+    result = conv_channels_last.run(gm, PassContext(config=None, machine=describe("cpu")))
     after = conv_outputs(gm)[0].stride()
     assert result.changed and before == (32 * 43, 43, 1) and after == (32 * 43, 1, 32)
     torch.testing.assert_close(gm(*args), mixer_input(*args), rtol=1e-5, atol=1e-5)
@@ -95,4 +96,4 @@ def test_view_that_needs_the_old_layout_is_a_near_miss(watch_pass):
 
 def test_npu_target_is_left_alone():
     gm = make_fx(mixer_input, tracing_mode="fake")(torch.randn(1, 40, 8), torch.randn(32, 1, 4), torch.randn(8, 32))
-    assert not conv_channels_last.run(gm, PassContext(config=None, target="npu")).changed
+    assert not conv_channels_last.run(gm, PassContext(config=None, machine=describe("npu"))).changed
