@@ -7,5 +7,6 @@ paged DSA caches are truncated by length and the KDA states rolled back (`rollba
 or replay). Both give the tokens plain greedy decoding gives.
 """
 from npu_graph.generate.decoder import Decoder, SpecStats
+from npu_graph.generate.prefill import Prefilled
 
-__all__ = ["Decoder", "SpecStats"]
+__all__ = ["Decoder", "Prefilled", "SpecStats"]

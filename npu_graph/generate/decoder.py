@@ -12,7 +12,9 @@ fed) — all rows at once, each with its own L and accepted count:
    or replay); y_0..y_n are emitted (d_j = y_(j-1) for the accepted drafts) and y_n is the new pending token.
 
 Rows that already have `steps` tokens keep nothing more (0 accepted), so no row outgrows the cache. Prompts of
-different lengths are prefilled together, padded, and each row is cut back to its length with the replay rollback.
+different lengths are prefilled together, padded, and each row is cut back to its length with the replay rollback;
+long prompts are prefilled in chunks of `prefill_chunk` tokens (prefill.py). `prefill(prompts)` gives the caches
+after the prompts, which `greedy` and `speculative` accept in place of prompts and decode from a copy of.
 Compiled (`compiled=True`, backend ascend_dsa, static shapes): the prefill, one verify graph per k, one MTP
 catch-up graph per k, one MTP step graph and one decode graph; the cache lengths are tensors, so no graph is
 compiled again as the context grows.
@@ -27,13 +29,18 @@ from typing import Any
 
 import torch
 
-from npu_graph.generate.rollback import attach_slots, detach_slots, keep_prefix_
+from npu_graph.generate.prefill import Prefilled, prefill
+from npu_graph.generate.rollback import attach_slots, keep_prefix_
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridLM
+
+Prompts = torch.Tensor | Sequence[torch.Tensor] | Prefilled
 
 # Graphs the compiled forms may hold per code object: prefill, decode, and per k a verify / catch-up graph for
 # each rollback mode (Dynamo's default limit, 8, would send the later ones back to eager).
 RECOMPILE_LIMIT = 64
+# Prompt tokens per prefill forward: an eager forward holds [B, H, T, capacity] attention scores.
+PREFILL_CHUNK = 256
 
 
 @dataclass
@@ -91,12 +98,14 @@ def pad_prompts(prompts: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.T
 
 class Decoder:
     """Owns a model's caches for each call and decodes greedily (module docstring). `options`: the ascend_dsa
-    backend's options when `compiled`. `prefill_s` is the wall time of the last call's prefill."""
+    backend's options when `compiled`. `prefill_s` is the wall time of the last call's prefill (or of copying the
+    caches of a `Prefilled` it was given)."""
 
     def __init__(self, model: HybridLM, *, compiled: bool = False, options: dict[str, Any] | None = None,
-                 kv_dtype: torch.dtype = torch.float32) -> None:
+                 kv_dtype: torch.dtype = torch.float32, prefill_chunk: int | None = PREFILL_CHUNK) -> None:
         self.model = model.eval()
         self.kv_dtype = kv_dtype
+        self.prefill_chunk = prefill_chunk
         self.kda_scale = model.config.kda_head_dim ** -0.5
         self.forward, self.draft = model, model.draft
         self.backend = None
@@ -109,63 +118,75 @@ class Decoder:
             self.draft = torch.compile(model.draft, backend=self.backend, dynamic=False, fullgraph=True)
 
     @torch.no_grad()
-    def greedy(self, prompts: torch.Tensor | Sequence[torch.Tensor], steps: int) -> torch.Tensor:
-        """`steps` greedy tokens per prompt `[B, steps]`, one forward per token."""
+    def prefill(self, prompts: torch.Tensor | Sequence[torch.Tensor], draft: bool = False) -> Prefilled:
+        """The prompts prefilled into fresh caches (prefill.py); with `draft`, the MTP head's cache too (what
+        `speculative` needs). Decoding from it leaves it as it is."""
         ids, lengths = pad_prompts(prompts)
-        self._check_room(ids, steps, 0)
-        cache = self.model.new_cache(ids.shape[0], self.kv_dtype)
+        self._check_room(ids.shape[1], 1, 0)
+        if draft:
+            self._require_mtp("Decoder.prefill(draft=True)")
+        batch = ids.shape[0]
+        caches = (self.model.new_cache(batch, self.kv_dtype),
+                  self.model.new_mtp_cache(batch, self.kv_dtype) if draft else None)
         with _compile_room():
-            token, _ = self._prefill(ids, lengths, cache)
-            tokens = [token]
+            done = prefill(self.forward, self.draft, caches, ids, lengths, self.prefill_chunk, self.kda_scale)
+        self.prefill_s = done.seconds
+        return done
+
+    @torch.no_grad()
+    def greedy(self, prompts: Prompts, steps: int) -> torch.Tensor:
+        """`steps` greedy tokens per prompt `[B, steps]`, one forward per token."""
+        state = self._start(prompts, steps, 0)
+        token, tokens = state.first, [state.first]
+        with _compile_room():
             for _ in range(steps - 1):
-                token = self.forward(token.unsqueeze(1), cache)[:, -1].argmax(dim=-1)
+                token = self.forward(token.unsqueeze(1), state.cache)[:, -1].argmax(dim=-1)
                 tokens.append(token)
         return torch.stack(tokens, dim=1)
 
     @torch.no_grad()
-    def speculative(self, prompts: torch.Tensor | Sequence[torch.Tensor], steps: int, k: int,
-                    rollback: str = "checkpoint") -> tuple[torch.Tensor, SpecStats]:
+    def speculative(self, prompts: Prompts, steps: int, k: int, rollback: str = "checkpoint"
+                    ) -> tuple[torch.Tensor, SpecStats]:
         """`steps` greedy tokens per prompt `[B, steps]` by speculative decoding with `k` draft tokens a round
         (module docstring); `rollback` is "checkpoint" or "replay" (npu_graph.models.kda_slots)."""
-        if not self.model.config.mtp_layers:
-            raise ValueError("Decoder.speculative: the model has no MTP head to draft with; build it with "
-                             "HybridConfig(mtp_layers=1)")
+        self._require_mtp("Decoder.speculative")
         if k < 1:
             raise ValueError(f"Decoder.speculative: k (draft tokens a round) must be >= 1, got {k}")
-        ids, lengths = pad_prompts(prompts)
-        self._check_room(ids, steps, k)
-        batch, stats = ids.shape[0], SpecStats(k, rollback)
-        cache, mtp_cache = self.model.new_cache(batch, self.kv_dtype), self.model.new_mtp_cache(batch, self.kv_dtype)
+        begun = self._start(prompts, steps, k)
+        cache, mtp_cache, pending = begun.cache, begun.mtp_cache, begun.first
+        batch, stats = pending.shape[0], SpecStats(k, rollback)
         out = torch.zeros(batch, steps + k + 2, dtype=torch.long)
         count = torch.ones(batch, dtype=torch.long)
+        out[:, 0] = pending
+        last = begun.lengths.long() - 1 - begun.start
+        state = _Round(begun.hidden, begun.next_ids, last, torch.full_like(last, begun.start))
+        attach_slots(cache, rollback, k + 1)
         with _compile_room():
-            pending, hidden = self._prefill(ids, lengths, cache)
-            out[:, 0] = pending
-            last = lengths.long() - 1
-            next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1).scatter(1, last.unsqueeze(1), pending.unsqueeze(1))
-            state = _Round(hidden, next_ids, last, torch.zeros_like(last))
-            attach_slots(cache, rollback, k + 1)
             while int(count.min()) < steps:
                 drafts = self._draft(state, mtp_cache, k, stats)
                 pending, state, emitted = self._verify(cache, pending, drafts, count < steps, stats)
                 _emit_(out, count, emitted, state.last + 1)
         return out[:, :steps], stats
 
-    def _prefill(self, ids: torch.Tensor, lengths: torch.Tensor, cache: HybridCache
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill the padded prompts; returns (the first generated token `[B]`, hidden states `[B, P, D]`)."""
+    def _start(self, prompts: Prompts, steps: int, k: int) -> Prefilled:
+        """What decoding starts from: a copy of a given Prefilled, else the prompts prefilled now (with the MTP
+        head's cache when drafting, k > 0); checks that `steps` tokens and a window of k + 1 fit."""
+        if not isinstance(prompts, Prefilled):
+            self._check_room(pad_prompts(prompts)[0].shape[1], steps, k)
+            return self.prefill(prompts, draft=k > 0)
+        self._check_room(prompts.width, steps, k)
+        if k and prompts.mtp_cache is None:
+            raise ValueError("Decoder.speculative: these prompts were prefilled without the MTP head's cache; "
+                             "use decoder.prefill(prompts, draft=True)")
         began = time.perf_counter()
-        ragged = bool((lengths != ids.shape[1]).any())
-        if ragged:
-            attach_slots(cache, "replay", ids.shape[1])
-        logits, hidden = self.forward(ids, cache, return_hidden=True)
-        if ragged:
-            keep_prefix_(cache, torch.zeros_like(lengths), lengths, self.kda_scale)
-            detach_slots(cache)
-        rows = torch.arange(ids.shape[0])
-        first = logits[rows, lengths.long() - 1].argmax(dim=-1)
+        state = prompts.copy()
         self.prefill_s = time.perf_counter() - began
-        return first, hidden
+        return state
+
+    def _require_mtp(self, where: str) -> None:
+        if not self.model.config.mtp_layers:
+            raise ValueError(f"{where}: the model has no MTP head to draft with; build it with "
+                             f"HybridConfig(mtp_layers=1)")
 
     def _draft(self, state: _Round, mtp_cache: HybridCache, k: int, stats: SpecStats) -> torch.Tensor:
         """k draft tokens `[B, k]`: the MTP head catches up on the last accepted positions, then steps."""
@@ -206,12 +227,12 @@ class Decoder:
         next_ids = next_ids.scatter(1, last.clamp(min=0).unsqueeze(1), new_pending.unsqueeze(1))
         return new_pending, _Round(hidden, next_ids, last, start), predicted
 
-    def _check_room(self, ids: torch.Tensor, steps: int, k: int) -> None:
+    def _check_room(self, width: int, steps: int, k: int) -> None:
         capacity = self.model.config.max_context
-        if steps < 1 or ids.shape[1] + steps + k + 1 > capacity:
-            raise ValueError(f"Decoder: a prompt of {ids.shape[1]} tokens, {steps} new tokens and a window of "
-                             f"{k + 1} need {ids.shape[1] + steps + k + 1} cache positions; the model's max_context "
-                             f"is {capacity} (steps must be >= 1)")
+        if steps < 1 or width + steps + k + 1 > capacity:
+            raise ValueError(f"Decoder: a prompt of {width} tokens, {steps} new tokens and a window of {k + 1} need "
+                             f"{width + steps + k + 1} cache positions; the model's max_context is {capacity} (steps "
+                             f"must be >= 1)")
 
 
 def _emit_(out: torch.Tensor, count: torch.Tensor, predicted: torch.Tensor, kept: torch.Tensor) -> None:
