@@ -7,12 +7,16 @@
  * row s % block_size of block table[s / block_size] (block stride `block_stride` values). Keys are fp32,
  * bf16 or fp16 (fp16 needs the compiler's _Float16: li_has_f16).
  *
- * The scores never form an [H, S] matrix: a block of 4 or 8 keys is scored for all heads in registers, heads
- * 16 to a vector (the query transposed to [D, H]), and reduced to one score per key. Two micro-kernels:
- * - fp32: the block's keys converted to fp32, one fused multiply-add per (key, dim, 16 heads);
+ * The scores never form an [H, S] matrix. Two micro-kernels:
+ * - fp32: a chunk of KC keys is widened to fp32 once (whole vectors: bf16 by a 16-bit shift, fp16 by the
+ *   hardware's conversion), then scored one block of heads at a time (the query packed per block, [D][heads of
+ *   the block], so a block's query stays in L1 while the chunk's keys go past it): a register tile of keys x
+ *   head vectors takes one fused multiply-add per (key, dim, vector), and the ReLU, the weights and the sum over
+ *   the block's heads are applied to the tile in registers, into one vector of partial sums per key, reduced to
+ *   the key's score once all blocks are done;
  * - bf16 dot products (AVX512-BF16, bf16 query and keys): the query as bf16 pairs [D/2, H], one vdpbf16ps per
  *   (key, pair of dims, 16 heads) straight on the stored keys (products exact, sums in fp32 as above).
- * OpenMP threads take chunks of CHUNK keys dynamically.
+ * OpenMP threads take chunks of CHUNK keys dynamically; a call with little work runs on the calling thread.
  */
 #include <math.h>
 #include <omp.h>
@@ -25,23 +29,21 @@
 #include <immintrin.h>
 #endif
 
-/* Register tiles (keys x head vectors): the accumulators, the query vectors and a broadcast key value must fit
- * the level's registers. One head vector (at most VL heads) takes KB_ONE keys; more take KB_MANY keys against up
- * to MAX_NB vectors (32 registers: 4 x 4 + 4; 16 registers: 6 x 2 + 2). */
-#define KB_ONE 8
+/* fp32 register tiles (keys x head vectors): the accumulators, the block's query vectors and a broadcast key
+ * value fit the level's registers (16: 6 x 2 + 2 + 1; 32: 6 x 4 + 4 + 1), at most TILE_MAX keys. */
 #if NREG >= 32
-#define KB_MANY 4
-#define MAX_NB 4
+#define NB_MAX 4
 #else
-#define KB_MANY 6
-#define MAX_NB 2
+#define NB_MAX 2
 #endif
-#define KB_MAX 8
-#define PF_KEYS 96  /* keys ahead whose rows are prefetched (caches cold after other work: ~3%) */
+#define TILE_MAX 8
+#define TILE_KEYS(nb) ((NREG - 1 - (nb)) / (nb) < TILE_MAX ? (NREG - 1 - (nb)) / (nb) : TILE_MAX)
+#define KC 48      /* keys widened to fp32 at a time: a multiple of every TILE_KEYS (6 and 8) */
+#define KC_ALIGN 24
+#define CHUNK 480  /* keys per unit of work, a multiple of KC: threads take chunks as they come (a thread still
+                      waking up from sleep takes fewer) */
 #define PARALLEL_MIN_MACS (1 << 22)   /* below ~0.1 ms of work the calling thread scores every key: waking a
                                          team costs more, and far more when another process holds a core */
-#define CHUNK 504  /* keys per unit of work: threads take chunks as they come (a thread still waking up from
-                      sleep takes fewer), a multiple of KB_ONE and KB_MANY */
 
 int li_has_f16(void) {
 #ifdef __FLT16_MANT_DIG__
@@ -69,50 +71,111 @@ struct keys {
 };
 
 static const char *key_row(const struct keys *k, int64_t s) {
-    size_t item = k->dtype == F32 ? 4 : 2;
     int64_t offset = k->table ? (int64_t)k->table[s / k->block_size] * k->block_stride
                                     + (s % k->block_size) * k->row_stride
                               : s * k->row_stride;
-    return k->base + offset * (int64_t)item;
+    return k->base + offset * elem_bytes(k->dtype);
 }
 
-/* sum_j w[j] * relu(acc[j]) over nb head vectors; w [h] is followed by h lane masks (all ones for a real head,
- * zero for padding), so a padded head, whose zero query meets an infinite key as 0 * inf = NaN, adds nothing. */
-static float weighted_relu_sum(const vf *acc, const float *w, int64_t h, int nb) {
-    vf total = {0};
+/* Partial sums tot[0:kb] += w * relu(acc) over the nb head vectors of a tile; w [h] is followed by h lane masks
+ * (all ones for a real head, zero for padding), so a padded head, whose zero query meets an infinite key as
+ * 0 * inf = NaN, adds nothing. */
+static inline __attribute__((always_inline)) void add_weighted_relu(vf acc[TILE_MAX][NB_MAX], const float *w,
+                                                                    int64_t h, const int kb, const int nb,
+                                                                    vf *tot) {
     for (int j = 0; j < nb; j++) {
-        vf term = relu(acc[j]) * vload(w + j * VL);
+        vf wv = vload(w + j * VL);
         vi real;
         memcpy(&real, w + h + j * VL, sizeof real);
-        total += (vf)((vi)term & real);
+        for (int k = 0; k < kb; k++) tot[k] += (vf)((vi)(relu(acc[k][j]) * wv) & real);
     }
-    return hsum(total);
 }
 
-/* fp32 micro-kernel: kb keys (fp32 rows kf[k][0:d]) against nb VL-head vectors of qt [d][h] from head hb.
+/* fp32 micro-kernel: kb keys (rows kf[k*d : k*d+d]) against the nb head vectors of a block, query qb [d][nb*VL].
  * Always inlined with constant kb and nb, so that the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void block_f32(const float *const *kf, const float *qt,
-                                                            const float *w, int64_t d, int64_t h, int64_t hb,
-                                                            const int kb, const int nb, float *out) {
-    vf acc[KB_MAX][MAX_NB] = {{{0}}};
+static inline __attribute__((always_inline)) void tile_f32(const float *kf, const float *qb, const float *w,
+                                                           int64_t d, int64_t h, const int kb, const int nb,
+                                                           vf *tot) {
+    vf acc[TILE_MAX][NB_MAX] = {{{0}}};
     for (int64_t i = 0; i < d; i++) {
-        const float *qrow = qt + i * h + hb;
-        vf qv[MAX_NB];
-        for (int j = 0; j < nb; j++) qv[j] = vload(qrow + j * VL);
+        vf qv[NB_MAX];
+        for (int j = 0; j < nb; j++) qv[j] = vload(qb + (i * nb + j) * VL);
         for (int k = 0; k < kb; k++) {
-            float kv = kf[k][i];
+            float kv = kf[k * d + i];     /* a scalar operand: broadcast straight from memory */
             for (int j = 0; j < nb; j++) acc[k][j] += qv[j] * kv;
         }
     }
-    for (int k = 0; k < kb; k++) out[k] += weighted_relu_sum(acc[k], w + hb, h, nb);
+    add_weighted_relu(acc, w, h, kb, nb, tot);
+}
+
+/* The keys [0, m) of a chunk (kf, m a multiple of KC_ALIGN) against one block of nb head vectors. */
+static inline __attribute__((always_inline)) void block_f32(const float *kf, int64_t m, const float *qb,
+                                                            const float *w, int64_t d, int64_t h, const int nb,
+                                                            vf *tot) {
+    const int kb = TILE_KEYS(nb);
+    for (int64_t s = 0; s < m; s += kb) tile_f32(kf + s * d, qb, w, d, h, kb, nb, tot + s);
+}
+
+/* Keys c0 .. c0+m-1 widened to fp32 rows kf [m][d], then zero rows up to a multiple of KC_ALIGN; the rows of
+ * the next chunk are prefetched (caches cold after other work). */
+static int64_t widen_chunk(const struct keys *k, int64_t c0, int64_t m, int64_t next, int64_t d, float *kf) {
+    size_t bytes = (size_t)(d * elem_bytes(k->dtype));
+    for (int64_t i = 0; i < next; i++) {
+        const char *row = key_row(k, c0 + m + i);
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
+    for (int64_t i = 0; i < m; i++) row_to_f32(kf + i * d, key_row(k, c0 + i), k->dtype, d);
+    int64_t padded = (m + KC_ALIGN - 1) / KC_ALIGN * KC_ALIGN;
+    memset(kf + m * d, 0, (size_t)((padded - m) * d) * sizeof(float));
+    return padded;
+}
+
+/* Scores of keys [start, end) into score[start:end]: chunks of KC keys widened into kf [KC][d], each scored
+ * against every block of heads of the packed query qp (blocks of NB_MAX vectors, the last one narrower). */
+static void score_range_f32(const struct keys *k, const float *qp, const float *w, int64_t d, int64_t h,
+                            int64_t start, int64_t end, float *kf, float *score) {
+    for (int64_t c0 = start; c0 < end; c0 += KC) {
+        int64_t m = end - c0 < KC ? end - c0 : KC;
+        int64_t after = end - c0 - m;
+        int64_t padded = widen_chunk(k, c0, m, after < KC ? after : KC, d, kf);
+        vf tot[KC] = {{0}};
+        for (int64_t hb = 0; hb < h; hb += NB_MAX * VL) {
+            int nb = (int)((h - hb) / VL < NB_MAX ? (h - hb) / VL : NB_MAX);
+            const float *qb = qp + hb * d;
+            if (nb == NB_MAX) block_f32(kf, padded, qb, w + hb, d, h, NB_MAX, tot);
+            else if (nb == 1) block_f32(kf, padded, qb, w + hb, d, h, 1, tot);
+#if NB_MAX == 4
+            else if (nb == 2) block_f32(kf, padded, qb, w + hb, d, h, 2, tot);
+            else block_f32(kf, padded, qb, w + hb, d, h, 3, tot);
+#endif
+        }
+        for (int64_t i = 0; i < m; i++) score[c0 + i] = hsum(tot[i]);
+    }
+}
+
+/* The query q [h][d] packed for the fp32 micro-kernel: per block of NB_MAX head vectors (the last one holding
+ * the rest), [d][heads of the block], heads padded with zeros to hp. */
+static void pack_query(const float *q, int64_t h, int64_t hp, int64_t d, float *qp) {
+    for (int64_t hb = 0; hb < hp; hb += NB_MAX * VL) {
+        int64_t width = hp - hb < NB_MAX * VL ? hp - hb : NB_MAX * VL;
+        for (int64_t i = 0; i < d; i++)
+            for (int64_t j = 0; j < width; j++) qp[hb * d + i * width + j] = hb + j < h ? q[(hb + j) * d + i] : 0.0f;
+    }
 }
 
 #ifdef __AVX512BF16__
+/* bf16 register tiles: one 16-head vector takes KB_ONE keys, more take KB_MANY keys against up to MAX_NB vectors
+ * (32 registers: 4 x 4 + 4). */
+#define KB_ONE 8
+#define KB_MANY 4
+#define MAX_NB 4
+#define PF_KEYS 96  /* keys ahead whose rows are prefetched */
+
 /* bf16 micro-kernel: kb stored bf16 rows against nb 16-head vectors of the pair-packed query qp [d/2][h]. */
 static inline __attribute__((always_inline)) void block_bf16(const char *const *rows, const uint32_t *qp,
                                                              const float *w, int64_t d, int64_t h, int64_t hb,
-                                                             const int kb, const int nb, float *out) {
-    __m512 acc[KB_MAX][MAX_NB];
+                                                             const int kb, const int nb, vf *tot) {
+    __m512 acc[KB_ONE][MAX_NB];
     for (int k = 0; k < kb; k++)
         for (int j = 0; j < nb; j++) acc[k][j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < d / 2; p++) {
@@ -126,102 +189,57 @@ static inline __attribute__((always_inline)) void block_bf16(const char *const *
             for (int j = 0; j < nb; j++) acc[k][j] = _mm512_dpbf16_ps(acc[k][j], qv[j], kv);
         }
     }
-    for (int k = 0; k < kb; k++) {
-        vf lanes[MAX_NB];
-        memcpy(lanes, acc[k], (size_t)nb * sizeof(vf));
-        out[k] += weighted_relu_sum(lanes, w + hb, h, nb);
-    }
+    vf lanes[TILE_MAX][NB_MAX];
+    for (int k = 0; k < kb; k++) memcpy(lanes[k], acc[k], (size_t)nb * sizeof(vf));
+    add_weighted_relu(lanes, w + hb, h, kb, nb, tot);
 }
-#endif
 
 /* The rows of keys s0 .. s0+kb-1 (clamped to n-1): one block-table lookup unless the keys cross a block. */
 static void key_rows(const struct keys *k, int64_t s0, int kb, int64_t n, const char **rows) {
-    size_t item = k->dtype == F32 ? 4 : 2;
     const char *first = key_row(k, s0);
     int64_t room = k->table ? k->block_size - s0 % k->block_size : kb;
     for (int i = 0; i < kb; i++)
         rows[i] = s0 + i >= n ? key_row(k, n - 1)
-                : i < room  ? first + (int64_t)i * k->row_stride * (int64_t)item
+                : i < room  ? first + (int64_t)i * k->row_stride * 2
                             : key_row(k, s0 + i);
 }
 
-/* One block of kb keys scored for every head into out[kb], nb (1..4) 16-head vectors at a time. */
-#define SCORE_BLOCK(KB_, NB_)                                                                  \
-    do {                                                                                       \
-        if (qp) {                                                                              \
-            BF16_BLOCK(KB_, NB_);                                                              \
-        } else {                                                                               \
-            block_f32(kf_rows, qt, w, d, h, hb, KB_, NB_, out);                                \
-        }                                                                                      \
-    } while (0)
-#ifdef __AVX512BF16__
-#define BF16_BLOCK(KB_, NB_) block_bf16(rows, qp, w, d, h, hb, KB_, NB_, out)
-#else
-#define BF16_BLOCK(KB_, NB_) ((void)0)
-#endif
-
-/* Scores of keys [start, end) into score[start:end], kf a buffer of KB_MAX fp32 rows (unused with qp). One
- * head vector takes blocks of KB_ONE keys, more vectors KB_MANY keys (see the register tiles above). */
-static void score_range(const struct keys *k, const float *qt, const uint32_t *qp, const float *w, int64_t d,
-                        int64_t h, int64_t start, int64_t end, int64_t n, float *kf, float *score) {
+/* Scores of bf16 keys [start, end) into score[start:end] with bf16 dot products, straight on the stored rows. */
+static void score_range_bf16(const struct keys *k, const uint32_t *qp, const float *w, int64_t d, int64_t h,
+                             int64_t start, int64_t end, int64_t n, float *score) {
     int kb = h == VL ? KB_ONE : KB_MANY;
     for (int64_t s0 = start; s0 < end; s0 += kb) {
-        const char *rows[KB_MAX];
+        const char *rows[KB_ONE];
         key_rows(k, s0, kb, n, rows);
         if (s0 + PF_KEYS < end) {
-            const char *ahead[KB_MAX];
+            const char *ahead[KB_ONE];
             key_rows(k, s0 + PF_KEYS, kb, n, ahead);
-            size_t bytes = (size_t)d * (k->dtype == F32 ? 4 : 2);
             for (int i = 0; i < kb; i++)
-                for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(ahead[i] + off, 0, 3);
+                for (int64_t off = 0; off < 2 * d; off += 64) __builtin_prefetch(ahead[i] + off, 0, 3);
         }
-        const float *kf_rows[KB_MAX];
-        for (int i = 0; !qp && i < kb; i++) {
-            if (k->dtype == F32) {
-                kf_rows[i] = (const float *)rows[i];      /* fp32 keys are read where they are stored */
-            } else {
-                row_to_f32(kf + i * d, rows[i], k->dtype, d);
-                kf_rows[i] = kf + i * d;
-            }
-        }
-        float out[KB_MAX] = {0};
+        vf tot[KB_ONE] = {{0}};
         for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
             int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
-            if (kb == KB_ONE) SCORE_BLOCK(KB_ONE, 1);
-            else if (nb == 1) SCORE_BLOCK(KB_MANY, 1);
-#if MAX_NB == 4
-            else if (nb == 2) SCORE_BLOCK(KB_MANY, 2);
-            else if (nb == 3) SCORE_BLOCK(KB_MANY, 3);
-            else SCORE_BLOCK(KB_MANY, 4);
-#else
-            else SCORE_BLOCK(KB_MANY, 2);
-#endif
+            if (kb == KB_ONE) block_bf16(rows, qp, w, d, h, hb, KB_ONE, 1, tot);
+            else if (nb == 1) block_bf16(rows, qp, w, d, h, hb, KB_MANY, 1, tot);
+            else if (nb == 2) block_bf16(rows, qp, w, d, h, hb, KB_MANY, 2, tot);
+            else if (nb == 3) block_bf16(rows, qp, w, d, h, hb, KB_MANY, 3, tot);
+            else block_bf16(rows, qp, w, d, h, hb, KB_MANY, 4, tot);
         }
-        for (int i = 0; i < kb && s0 + i < end; i++) score[s0 + i] = out[i];
+        for (int i = 0; i < kb && s0 + i < end; i++) score[s0 + i] = hsum(tot[i]);
     }
 }
+#endif
 
-/* score[0:n] for query q [h][d] (fp32) with head weights w [h] (fp32). Heads are padded to a multiple of 16
- * with zero queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must
- * hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
-int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-               int64_t block_size, int64_t n, const float *q, const float *w, int64_t h, int64_t d, int bf16_dot,
-               float *score) {
-    struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
-    int64_t hp = (h + VL - 1) / VL * VL;
-    float *qt = calloc((size_t)(hp * d), sizeof(float));
-    float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
-    uint32_t *qp = bf16_dot ? calloc((size_t)(hp * (d / 2)), sizeof(uint32_t)) : NULL;
-    if (!qt || !wp || (bf16_dot && !qp)) {
-        free(qt);
-        free(wp);
-        free(qp);
-        return -1;
+/* The query packed for the micro-kernel in use (fp32: pack_query; bf16 dot products: bf16 pairs [d/2][hp]), or
+ * NULL when out of memory. */
+static void *packed_query(const float *q, int64_t h, int64_t hp, int64_t d, int bf16_dot) {
+    if (!bf16_dot) {
+        float *qp = malloc((size_t)(hp * d) * sizeof(float));
+        if (qp) pack_query(q, h, hp, d, qp);
+        return qp;
     }
-    memcpy(wp, w, (size_t)h * sizeof(float));
-    memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
-    for (int64_t j = 0; j < h; j++)
-        for (int64_t i = 0; i < d; i++) qt[i * hp + j] = q[j * d + i];
+    uint32_t *qp = calloc((size_t)(hp * (d / 2)), sizeof(uint32_t));
     for (int64_t p = 0; qp && p < d / 2; p++)
         for (int64_t j = 0; j < h; j++) {
             uint32_t lo, hi;
@@ -229,22 +247,55 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
             memcpy(&hi, &q[j * d + 2 * p + 1], 4);
             qp[p * hp + j] = (lo >> 16) | (hi & 0xffff0000u);
         }
+    return qp;
+}
+
+/* Scores of keys [start, end) by the micro-kernel in use; kf: a thread's KC fp32 rows (fp32 kernel only). */
+static void score_range(const struct keys *k, const void *qp, const float *w, int64_t d, int64_t h, int64_t start,
+                        int64_t end, int64_t n, int bf16_dot, float *kf, float *score) {
+#ifdef __AVX512BF16__
+    if (bf16_dot) {
+        score_range_bf16(k, qp, w, d, h, start, end, n, score);
+        return;
+    }
+#endif
+    (void)n;
+    (void)bf16_dot;
+    score_range_f32(k, qp, w, d, h, start, end, kf, score);
+}
+
+/* score[0:n] for query q [h][d] (fp32) with head weights w [h] (fp32). Heads are padded to a multiple of VL
+ * with zero queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must
+ * hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
+               int64_t block_size, int64_t n, const float *q, const float *w, int64_t h, int64_t d, int bf16_dot,
+               float *score) {
+    struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
+    int64_t hp = (h + VL - 1) / VL * VL;
+    void *qp = packed_query(q, h, hp, d, bf16_dot);
+    float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
+    if (!qp || !wp) {
+        free(qp);
+        free(wp);
+        return -1;
+    }
+    memcpy(wp, w, (size_t)h * sizeof(float));
+    memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
     int64_t chunks = (n + CHUNK - 1) / CHUNK;
     int failed = 0;
 #pragma omp parallel reduction(| : failed) if (n * hp * d >= PARALLEL_MIN_MACS)
     {
-        float *kf = bf16_dot ? NULL : malloc((size_t)(KB_MAX * d) * sizeof(float));
+        float *kf = bf16_dot ? NULL : malloc((size_t)(KC * d) * sizeof(float));
         failed = !bf16_dot && !kf;
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t c = 0; c < chunks; c++)
             if (!failed)
-                score_range(&k, qt, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n, kf,
-                            score);
+                score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n,
+                            bf16_dot, kf, score);
         free(kf);
     }
-    free(qt);
-    free(wp);
     free(qp);
+    free(wp);
     return failed ? -1 : 0;
 }
 
