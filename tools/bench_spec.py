@@ -1,32 +1,38 @@
 """`ascend-dsa bench spec`: speculative greedy decoding (npu_graph.generate) against plain greedy decoding.
 
 The model is the trained stdlib-mtp checkpoint (`ascend-dsa train --config stdlib-mtp`: the stdlib model with its MTP
-head trained with it), trained first when absent. Prompts are held-out stdlib windows. For eager and
+head trained with it), trained first when absent, given room for the context (`--context`, default 4096; 256 with
+`--quick`: max_context grows, the weights are the same). Prompts are held-out stdlib windows that fill the context
+but for the new tokens; they are prefilled once per mode (in chunks, npu_graph.generate.prefill) and every run
+decodes from a copy of the caches. For eager and
 compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
 head's drafts (checkpoint rollback; eager also replay) — the `rows` — and with oracle drafts (the plain greedy
 tokens: every draft accepted, the speed a perfect draft head would reach at this verify cost) — `oracle_rows`,
 kept apart so that nothing reading `rows` mistakes them for the draft head's. Tokens/s count decoded tokens
 only (the prefill is left out), medians of runs that alternate plain and speculative decoding (a shared machine's
 load then shifts both alike), after a warm-up run (which compiles, and lets kernels/dispatch.py measure its choices).
-Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback) and
-whether the tokens equal plain greedy decoding's.
+Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback), a plain
+decode step's time and a round's cost in decode steps (speedup = tokens per round / that), and whether the tokens
+equal plain greedy decoding's.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from typing import Any
 
 import torch
 
-from npu_graph.generate import Decoder
+from npu_graph.generate import Decoder, Prefilled
 from npu_graph.models.hybrid import HybridLM
 from npu_graph.observe import progress
 
 KS = (1, 2, 3, 4)
 CONFIG = "stdlib-mtp"
 OPTIONS = {"cache": False, "verify": False}
+SIZES = {False: (8, 128, 4096), True: (4, 32, 256)}      # --quick: (prompts, new tokens each, default context)
 
 
 class OracleDecoder(Decoder):
@@ -56,10 +62,20 @@ def load_model() -> tuple[HybridLM, str]:
                    f"{record['heldout_mtp_top1']:.2f})")
 
 
-def heldout_prompts(batch: int, length: int) -> torch.Tensor:
-    from npu_graph.tools import trained_accuracy
+def with_context(model: HybridLM, context: int) -> HybridLM:
+    """`model`'s weights in a model whose caches hold `context` tokens and the widest verify window."""
+    config = model.config
+    blocks = -(-(context + max(KS) + 1) // config.block_size)
+    out = HybridLM(dataclasses.replace(config, max_context=blocks * config.block_size))
+    out.load_state_dict(model.state_dict())
+    return out.eval()
 
-    return trained_accuracy.heldout_data(batch)[:, :length].long()
+
+def heldout_prompts(batch: int, length: int) -> torch.Tensor:
+    """`batch` evenly spaced held-out windows of `length` bytes."""
+    from npu_graph.training import corpus
+
+    return corpus.fixed_windows(corpus.load_corpus(max_train_bytes=1).heldout, batch, length)[:, :length]
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -74,7 +90,7 @@ def decode_seconds(decoder: Decoder, call: Any, *args: Any) -> tuple[Any, float]
     return out, seconds - decoder.prefill_s
 
 
-def spec_row(plain: Decoder, decoder: Decoder, prompts: torch.Tensor, steps: int, k: int, rollback: str,
+def spec_row(plain: Decoder, decoder: Decoder, prompts: Prefilled, steps: int, k: int, rollback: str,
              truth: torch.Tensor, repeat: int) -> dict[str, Any]:
     """One row: speculative and plain decoding timed alternately `repeat` times, medians of the decode times."""
     decoder.speculative(prompts, 2 * (k + 2), k, rollback)      # two rounds or more: every graph of this k
@@ -83,21 +99,25 @@ def spec_row(plain: Decoder, decoder: Decoder, prompts: torch.Tensor, steps: int
         plain_s.append(decode_seconds(plain, plain.greedy, prompts, steps)[1])
         (out, stats), seconds = decode_seconds(decoder, decoder.speculative, prompts, steps, k, rollback)
         spec_s.append(seconds)
-    decoded, rounds = prompts.shape[0] * (steps - 1), max(stats.rounds, 1)
+    decoded, rounds = prompts.first.shape[0] * (steps - 1), max(stats.rounds, 1)
     plain_rate, spec_rate = decoded / statistics.median(plain_s), decoded / statistics.median(spec_s)
+    decode_ms = 1e3 * statistics.median(plain_s) / (steps - 1)
+    split = {"draft_ms": stats.draft_s, "verify_ms": stats.verify_s, "rollback_ms": stats.rollback_s}
+    split = {name: 1e3 * seconds / rounds for name, seconds in split.items()}
     return {"k": k, "compiled": decoder.backend is not None, "rollback": rollback,
             "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
             "tokens_per_s_plain": plain_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / plain_rate,
-            "identical": bool(torch.equal(out, truth[:, :steps])), "draft_ms": 1e3 * stats.draft_s / rounds,
-            "verify_ms": 1e3 * stats.verify_s / rounds, "rollback_ms": 1e3 * stats.rollback_s / rounds}
+            "identical": bool(torch.equal(out, truth[:, :steps])), **split, "decode_ms": decode_ms,
+            "round_in_decode_steps": sum(split.values()) / decode_ms}
 
 
 def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool, repeat: int
              ) -> list[dict[str, Any]]:
     """Speculative rows of one mode (eager or compiled), each against plain greedy decoding timed beside it."""
     plain = Decoder(model, compiled=compiled, options=OPTIONS)
-    plain.greedy(prompts, 3)                                    # compiles the prefill and the decode step
-    truth = plain.greedy(prompts, steps + max(KS))
+    prefilled = plain.prefill(prompts, draft=True)              # compiled: the prefill graphs
+    plain.greedy(prefilled, 3)                                  # compiled: the decode step
+    truth = plain.greedy(prefilled, steps + max(KS))
     rows = []
     for k in KS:
         for drafts, rollback in (("mtp", "checkpoint"), ("mtp", "replay"), ("oracle", "checkpoint")):
@@ -105,26 +125,35 @@ def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool,
                 continue
             decoder = (OracleDecoder(model, truth, prompts.shape[1], compiled=compiled, options=OPTIONS)
                        if drafts == "oracle" else Decoder(model, compiled=compiled, options=OPTIONS))
-            rows.append({**spec_row(plain, decoder, prompts, steps, k, rollback, truth, repeat), "drafts": drafts})
+            row = spec_row(plain, decoder, prefilled, steps, k, rollback, truth, repeat)
+            rows.append({**row, "drafts": drafts})
     return rows
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    batch, prompt_len, steps = (4, 64, 32) if args.quick else (8, 256, 128)
+    batch, steps, context = SIZES[bool(args.quick)]
+    context = getattr(args, "context", None) or context
+    if context <= steps:
+        raise SystemExit(f"ascend-dsa bench spec: --context {context} leaves no prompt before {steps} new tokens; "
+                         f"give more than {steps}")
     repeat = args.repeat or 3
-    model, source = load_model()
-    prompts = heldout_prompts(batch, prompt_len)
+    trained, source = load_model()
+    model = with_context(trained, context)
+    prompts = heldout_prompts(batch, context - steps)
     measured = []
     for compiled in (False, True):
         with progress.step(f"{'compiled' if compiled else 'eager'} plain and speculative decoding", "bench spec"):
             measured += rows_for(model, prompts, steps, compiled, repeat)
-    notes = [f"model: {source}; {batch} held-out prompts of {prompt_len} bytes, {steps} new tokens each, fp32",
+    notes = [f"model: {source}; {batch} held-out prompts of {context - steps} bytes, {steps} new tokens each "
+             f"({context} context), fp32",
              "rows: the MTP head's drafts; oracle_rows (a table of their own, not rows): plain greedy's tokens as "
              "drafts (all accepted), the speed a perfect draft head would reach with this verify cost",
              f"tokens/s count decoded tokens (prefill left out), medians of {repeat} runs alternating plain and "
-             "speculative decoding; draft/verify/rollback ms are per round",
+             "speculative decoding; draft/verify/rollback ms are per round, decode_ms per plain decode step (all "
+             "rows at once); round_in_decode_steps = (draft + verify + rollback) / decode_ms, so speedup ~ "
+             "mean_accepted_length / round_in_decode_steps",
              "identical: the tokens equal plain greedy decoding's; timings on a shared machine are noisy"]
-    return {"suite": "spec", "rows": [r for r in measured if r["drafts"] == "mtp"],
+    return {"suite": "spec", "context": context, "rows": [r for r in measured if r["drafts"] == "mtp"],
             "oracle_rows": [r for r in measured if r["drafts"] == "oracle"], "notes": notes}
 
 
