@@ -77,9 +77,10 @@ static const char *key_row(const struct keys *k, int64_t s) {
     return k->base + offset * elem_bytes(k->dtype);
 }
 
-/* Partial sums tot[0:kb] += w * relu(acc) over the nb head vectors of a tile; w [h] is followed by h lane masks
- * (all ones for a real head, zero for padding), so a padded head, whose zero query meets an infinite key as
- * 0 * inf = NaN, adds nothing. */
+/* Partial sums tot[0:kb] += w * relu(acc) over the nb head vectors of a tile (a max and a fused multiply-add per
+ * vector); w [h] is followed by h lane masks (all ones for a real head, zero for padding) that clear a padded
+ * head's dot product first, so a padded head, whose zero query meets an infinite key as 0 * inf = NaN, adds
+ * nothing. */
 static inline __attribute__((always_inline)) void add_weighted_relu(vf acc[TILE_MAX][NB_MAX], const float *w,
                                                                     int64_t h, const int kb, const int nb,
                                                                     vf *tot) {
@@ -87,7 +88,7 @@ static inline __attribute__((always_inline)) void add_weighted_relu(vf acc[TILE_
         vf wv = vload(w + j * VL);
         vi real;
         memcpy(&real, w + h + j * VL, sizeof real);
-        for (int k = 0; k < kb; k++) tot[k] += (vf)((vi)(relu(acc[k][j]) * wv) & real);
+        for (int k = 0; k < kb; k++) tot[k] += relu((vf)((vi)acc[k][j] & real)) * wv;
     }
 }
 

@@ -31,8 +31,10 @@
 #define NREG 16
 #endif
 
-#if defined(__F16C__) || defined(__AVX512F__)
+#if defined(__F16C__) || defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#elif defined(__SSE2__)
+#include <emmintrin.h>
 #endif
 
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
@@ -65,8 +67,20 @@ static inline vf pick(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | (
 
 static inline vf vmax(vf a, vf b) { return pick(a > b, a, b); }
 
-/* max(a, 0) with NaN kept (as torch.relu): a NaN product must reach the score it belongs to. */
-static inline vf relu(vf a) { return (vf)((vi)a & ((a > (vf){0}) | (a != a))); }
+/* max(a, 0) with NaN kept (as torch.relu): a NaN product must reach the score it belongs to. One max instruction
+ * where the level has it (maxps returns its second operand when either is NaN, so max(0, a) keeps a NaN a; a -0
+ * stays -0), else a compare and a mask. */
+static inline vf relu(vf a) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_max_ps(_mm512_setzero_ps(), (__m512)a);
+#elif defined(__AVX2__)
+    return (vf)_mm256_max_ps(_mm256_setzero_ps(), (__m256)a);
+#elif defined(__SSE2__) && VL == 4
+    return (vf)_mm_max_ps(_mm_setzero_ps(), (__m128)a);
+#else
+    return (vf)((vi)a & ((a > (vf){0}) | (a != a)));
+#endif
+}
 
 /* Lane-wise tree reductions: log2(VL) shuffles. */
 static inline float hsum(vf x) {
