@@ -9,7 +9,7 @@ from npu_graph.requirements import check_torch
 from npu_graph.startup import load_now_or_after_torch, public_name
 
 __version__ = "0.1.0"
-__all__ = ["Backend", "CompilerConfig", "ConfigError", "__version__", "ascend_dsa", "get_backend"]
+__all__ = ["Backend", "CompilerConfig", "ConfigError", "__version__", "ascend_dsa", "get_backend", "install_routes"]
 
 
 def __getattr__(name: str) -> Any:

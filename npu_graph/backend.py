@@ -9,6 +9,9 @@ distinct config, so a second torch.compile with the same backend object reuses D
 
 If compiling a graph fails, the graph runs eagerly and one warning names the failing step (with
 strict=True the error is raised instead).
+
+Importing this module (what resolving `backend="ascend_dsa"` does, before Dynamo traces anything) installs the
+kernel routes (npu_graph.routes); `import npu_graph` alone changes nothing in other libraries.
 """
 from __future__ import annotations
 
@@ -35,8 +38,10 @@ from npu_graph.observe.implementations import refreshed_after_first_call
 from npu_graph.observe.report import GraphReport
 from npu_graph.observe.trace import log_code
 from npu_graph.observe.verify import verified
+from npu_graph.routes import install_routes
 
 log = logging.getLogger("npu_graph")
+install_routes()
 
 
 class CompilationFallbackWarning(UserWarning):

@@ -5,11 +5,13 @@ over rows inside each chunk) and its decode loop `recurrent_kimi_delta_attention
 `fused_recurrent_kda`, are registered with `torch._dynamo.substitute_in_graph`,
 so a compiled model gets one fused node instead of thousands of unrolled ops. The routes compute exactly
 what the originals compute (same fp32 upcast, same l2norm with +eps, same scale, same output dtype).
-Eager calls are untouched. Dynamo's substitution is global, so once npu_graph is imported the routes serve
-every backend, not only ascend_dsa; they change speed, not results.
+Eager calls are untouched. Dynamo's substitution is global: once installed, the routes serve every backend,
+not only ascend_dsa; they change speed, not results. So they are installed when the ascend_dsa backend is
+resolved (importing npu_graph.backend), or by a user who asks for them (`npu_graph.install_routes()`), never by
+`import npu_graph` alone.
 
-Registration happens when npu_graph is imported if the target module is already loaded, otherwise right
-after the target module is imported (a small import hook), so import order does not matter.
+Registration happens at once for a target module already loaded, otherwise right after the target module is
+imported (a small import hook), so import order does not matter.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What `import npu_graph` does, without importing torch when nothing has yet.
 
-The package's work at import (registering the `torch.ops.ascend_dsa.*` fused ops and installing the kernel
-routes) runs at once when torch is already imported, else right after torch's own import finishes (a one-shot
+The package's work at import (registering its own `torch.ops.ascend_dsa.*` fused ops; it patches nothing of
+other libraries: the kernel routes are installed when the backend is resolved, npu_graph.backend) runs at once
+when torch is already imported, else right after torch's own import finishes (a one-shot
 import hook). The backend is imported when a public name such as `get_backend` (or `npu_graph.backend`) is
 first read. So import order does not matter, and a command that never needs torch (`ascend-dsa --help`)
 never pays for it.
@@ -18,13 +19,14 @@ from types import ModuleType
 from typing import Any
 
 PUBLIC = {"Backend": "npu_graph.backend", "ascend_dsa": "npu_graph.backend", "get_backend": "npu_graph.backend",
-          "CompilerConfig": "npu_graph.config", "ConfigError": "npu_graph.config"}
+          "CompilerConfig": "npu_graph.config", "ConfigError": "npu_graph.config",
+          "install_routes": "npu_graph.routes"}
 SUBMODULES = ("backend", "config", "kernels")  # read as attributes of npu_graph without being imported
 _state = {"loaded": False}
 
 
 def load() -> None:
-    """Register the fused ops and install the kernel routes (once per process).
+    """Register the fused ops (once per process).
 
     Safe while npu_graph.kernels is itself being imported (its first `import torch` runs this hook): the
     partly run package is left to finish registering its ops."""
@@ -33,9 +35,6 @@ def load() -> None:
     _state["loaded"] = True
     try:
         importlib.import_module("npu_graph.kernels")
-        from npu_graph.routes import install_routes
-
-        install_routes()
     except BaseException:
         _state["loaded"] = False
         raise

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from npu_graph.models.kda_slots import KDALayerCache
+
 FP8 = torch.float8_e4m3fn
 KV_TILE = 128
 MX_GROUP = 32
 
 if TYPE_CHECKING:
-    from npu_graph.models.hybrid import HybridConfig
-    from npu_graph.models.kda_slots import KDASlots
+    from npu_graph.models.config import HybridConfig
 
 
 @dataclass
@@ -45,15 +46,6 @@ class DSALayerCache:
     index_k: torch.Tensor
     latent_scale: torch.Tensor | None = None
     index_k_scale: torch.Tensor | None = None
-
-
-@dataclass
-class KDALayerCache:
-    """Recurrent state of one KDA layer."""
-
-    state: torch.Tensor
-    conv_state: torch.Tensor
-    slots: KDASlots | None = None
 
 
 class HybridCache:

@@ -26,7 +26,7 @@ from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.norm import RMSNorm
 
 if TYPE_CHECKING:
-    from npu_graph.models.hybrid import HybridConfig
+    from npu_graph.models.config import HybridConfig
 
 
 class Rotary(nn.Module):

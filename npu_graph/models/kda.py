@@ -21,7 +21,7 @@ from npu_graph.models.cache import HybridCache, KDALayerCache
 from npu_graph.models.norm import GatedRMSNorm
 
 if TYPE_CHECKING:
-    from npu_graph.models.hybrid import HybridConfig
+    from npu_graph.models.config import HybridConfig
 
 
 def kda_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -1,4 +1,5 @@
-"""Per-position records of a KDA layer's multi-token forward, so that its state can be rolled back.
+"""A KDA layer's cache (`KDALayerCache`: recurrent and convolution state) and the per-position records of its
+multi-token forward (`KDASlots`), so that its state can be rolled back.
 
 A speculative verify forward feeds W tokens per sequence; the KDA recurrent state and the short-convolution
 window absorb all of them, but only a prefix may be accepted. `KDASlots`, attached to a layer's cache
@@ -20,14 +21,19 @@ replay one state and W·H·(4·K + 1) input floats.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from npu_graph.models.cache import KDALayerCache
-
 MODES = ("checkpoint", "replay")
+
+
+@dataclass
+class KDALayerCache:
+    """Recurrent state of one KDA layer."""
+
+    state: torch.Tensor
+    conv_state: torch.Tensor
+    slots: KDASlots | None = None  # set by npu_graph.generate for a verify forward
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from npu_graph.models.hybrid import HybridConfig
+    from npu_graph.models.config import HybridConfig
 
 
 class SwiGLU(nn.Module):

@@ -22,7 +22,7 @@ from npu_graph.models.cache import HybridCache
 from npu_graph.models.norm import RMSNorm
 
 if TYPE_CHECKING:
-    from npu_graph.models.hybrid import HybridConfig
+    from npu_graph.models.config import HybridConfig
 
 
 def mtp_block_config(config: HybridConfig) -> HybridConfig:
