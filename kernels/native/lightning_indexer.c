@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "topk_select.h"
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
@@ -300,45 +301,6 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
     return failed ? -1 : 0;
 }
 
-/* Order-preserving unsigned key of a float: larger floats give larger keys, every NaN (whatever its sign bit) above
- * +inf, as torch.topk ranks them; -0 and +0 equal. */
-static inline uint32_t order_key(float f) {
-    uint32_t u;
-    if (f != f) return UINT32_MAX;
-    f = f == 0.0f ? 0.0f : f;
-    memcpy(&u, &f, sizeof u);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* The key T of the take-th largest score, and how many keys equal to T belong to the top take: radix select,
- * 8 bits at a time from the top. */
-static uint32_t select_threshold(const uint32_t *keys, int64_t n, int64_t take, int64_t *ties) {
-    uint32_t prefix = 0, mask = 0;
-    int64_t need = take;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        int64_t hist[256] = {0};
-        for (int64_t i = 0; i < n; i++)
-            if ((keys[i] & mask) == prefix) hist[(keys[i] >> shift) & 0xFFu]++;
-        int b = 255;
-        while (hist[b] < need) need -= hist[b--];
-        prefix |= (uint32_t)b << shift;
-        mask |= 0xFFu << shift;
-    }
-    *ties = need;
-    return prefix;
-}
-
-/* Sorts sel[0:m] by key descending, index ascending among equal keys (LSD radix sort, 8 bits a pass, stable). */
-static void sort_selected(int32_t *sel, int32_t *tmp, const uint32_t *keys, int64_t m) {
-    for (int shift = 0; shift < 32; shift += 8) {
-        int64_t count[257] = {0};
-        for (int64_t i = 0; i < m; i++) count[255 - ((keys[sel[i]] >> shift) & 0xFFu) + 1]++;
-        for (int b = 0; b < 256; b++) count[b + 1] += count[b];
-        for (int64_t i = 0; i < m; i++) tmp[count[255 - ((keys[sel[i]] >> shift) & 0xFFu)]++] = sel[i];
-        memcpy(sel, tmp, (size_t)m * sizeof *sel);
-    }
-}
-
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values
  * val [k]; positions -1 and values -inf pad the rest when n < k, and a key scoring -inf is reported as -1.
  * Returns 0, or -1 when out of memory. */
@@ -350,23 +312,21 @@ int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) 
     }
     if (take == 0) return 0;
     uint32_t *keys = malloc((size_t)n * sizeof *keys);
-    int32_t *tmp = malloc((size_t)take * sizeof *tmp);
-    if (!keys || !tmp) {
+    int32_t *list = malloc((size_t)n * sizeof *list);
+    struct topk_pair *pairs = malloc((size_t)(2 * take) * sizeof *pairs);
+    if (!keys || !list || !pairs) {
         free(keys);
-        free(tmp);
+        free(list);
+        free(pairs);
         return -1;
     }
-    for (int64_t i = 0; i < n; i++) keys[i] = order_key(score[i]);
-    int64_t ties, m = 0;
-    uint32_t t = select_threshold(keys, n, take, &ties);
-    for (int64_t i = 0; i < n; i++)
-        if (keys[i] > t || (keys[i] == t && ties-- > 0)) idx[m++] = (int32_t)i;
-    sort_selected(idx, tmp, keys, m);
-    for (int64_t i = 0; i < m; i++) {
-        val[i] = score[idx[i]];
-        idx[i] = val[i] == -INFINITY ? -1 : idx[i];     /* a key scoring -inf counts as masked, as in the torch path */
+    topk_select(score, n, take, keys, list, pairs, pairs + take);
+    for (int64_t i = 0; i < take; i++) {
+        val[i] = score[pairs[i].pos];
+        idx[i] = val[i] == -INFINITY ? -1 : pairs[i].pos;  /* a key scoring -inf counts as masked, as in torch */
     }
     free(keys);
-    free(tmp);
+    free(list);
+    free(pairs);
     return 0;
 }

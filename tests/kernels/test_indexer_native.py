@@ -75,10 +75,11 @@ def native_select():
 
 @pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
 @pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777)])
-@pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf"])
+@pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf", "nan_and_zeros", "close"])
 def test_native_topk_equals_torch_topk(n, k, values):
-    """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first; a key
-    scoring -inf is reported as -1, as a masked key is (the torch path and the reference do the same)."""
+    """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first (-0 and +0
+    are equal); NaN ranks above +inf; a key scoring -inf is reported as -1, as a masked key is (the torch path and
+    the reference do the same). `close` puts every score in one bin of the selection's first digit."""
     g = torch.Generator().manual_seed(n + k)
     scores = torch.randn(n, generator=g)
     if values == "ties":
@@ -87,10 +88,18 @@ def test_native_topk_equals_torch_topk(n, k, values):
         scores = -scores.abs()
         scores[:: max(1, n // 7)] = float("-inf")
         scores[1 % n] = float("inf")
+    elif values == "nan_and_zeros" and n:
+        scores = scores.relu().mul(torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0))     # +-0 and +-x
+        scores[:: max(1, n // 5)] = float("nan")
+        scores[-1] = -float("nan")
+    elif values == "close":
+        scores = 1.0 + scores.abs().mul(1e-3).round(decimals=5)
     indices, got = li_native.select_topk(native_select(), scores, k)
     take = min(n, k)
     want = scores.topk(take).values
-    assert torch.equal(got[0, :take], want) and (got[0, take:] == float("-inf")).all()
+    assert torch.equal(got[0, :take].isnan(), want.isnan())
+    assert torch.equal(got[0, :take].nan_to_num(), want.nan_to_num()) and (got[0, take:] == float("-inf")).all()
     assert (indices[0, take:] == -1).all()
-    ordered = sorted(range(n), key=lambda i: (-scores[i].item(), i))[:take]
+    rank = [(0 if v != v else 1, -v if v == v else 0.0, i) for i, v in enumerate(scores.tolist())]
+    ordered = [i for *_, i in sorted(rank)][:take]
     assert indices[0, :take].tolist() == [-1 if scores[i] == float("-inf") else i for i in ordered]

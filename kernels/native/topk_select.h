@@ -1,0 +1,90 @@
+/* Top-k of fp32 scores as torch.topk ranks them, for the native kernels (lightning_indexer.c): the k largest,
+ * sorted descending, equal scores by position, every NaN above +inf, -0 equal to +0.
+ *
+ * Each score becomes an order-preserving unsigned key. One pass over all n keys counts their top TOPK_DIGIT bits;
+ * the bin that holds the k-th largest is found from the top, a second pass keeps the keys above it and lists the
+ * keys in it (in position order), and only that short list is refined digit by digit. The k kept keys are then
+ * sorted by a stable radix sort of (key, position) pairs, so equal keys keep position order.
+ */
+#ifndef ASCEND_DSA_TOPK_SELECT_H
+#define ASCEND_DSA_TOPK_SELECT_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOPK_DIGIT 11
+#define TOPK_BINS (1 << TOPK_DIGIT)
+
+struct topk_pair {
+    uint32_t key;
+    int32_t pos;
+};
+
+/* Order-preserving unsigned key of a float: larger floats give larger keys, every NaN (whatever its sign bit)
+ * above +inf, as torch.topk ranks them; -0 and +0 equal. */
+static inline uint32_t order_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t magnitude = u & 0x7FFFFFFFu;
+    u = magnitude ? u : 0;                                            /* -0 as +0 */
+    uint32_t key = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);  /* negative: ~u; else u with the top bit */
+    return magnitude > 0x7F800000u ? UINT32_MAX : key;                /* no branch: signs come in random order */
+}
+
+/* Over the positions list[0:c] (keys `keys`), the digit (keys >> shift) & (bins - 1) holding the need-th largest:
+ * the keys with a larger digit go to out (from *m on), the list keeps the ones with that digit (in order), and
+ * need becomes how many of them still belong to the top. Returns the new length of the list. */
+static int64_t topk_refine(const uint32_t *keys, int32_t *list, int64_t c, int shift, uint32_t bins,
+                           int64_t *need, struct topk_pair *out, int64_t *m) {
+    int32_t hist[TOPK_BINS] = {0};
+    for (int64_t i = 0; i < c; i++) hist[(keys[list[i]] >> shift) & (bins - 1)]++;
+    uint32_t b = bins - 1;
+    while (hist[b] < *need) *need -= hist[b--];
+    int64_t kept = 0;
+    for (int64_t i = 0; i < c; i++) {
+        uint32_t digit = (keys[list[i]] >> shift) & (bins - 1);
+        if (digit > b) out[(*m)++] = (struct topk_pair){keys[list[i]], list[i]};
+        else if (digit == b) list[kept++] = list[i];
+    }
+    return kept;
+}
+
+/* Sorts p[0:m] by key descending, keeping the order of equal keys: LSD radix sort, 8 bits a pass (a pass whose
+ * digit is the same for every key is skipped); tmp holds m pairs. */
+static void topk_sort(struct topk_pair *p, struct topk_pair *tmp, int64_t m) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t count[257] = {0};
+        for (int64_t i = 0; i < m; i++) count[255 - ((p[i].key >> shift) & 0xFFu) + 1]++;
+        if (count[255 - ((p[0].key >> shift) & 0xFFu) + 1] == m) continue;
+        for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+        for (int64_t i = 0; i < m; i++) tmp[count[255 - ((p[i].key >> shift) & 0xFFu)]++] = p[i];
+        memcpy(p, tmp, (size_t)m * sizeof *p);
+    }
+}
+
+/* The take (1 <= take <= n) largest of score[0:n] in pairs[0:take], sorted as torch.topk sorts them (header).
+ * scratch: n keys and n positions; tmp: take pairs. */
+static void topk_select(const float *score, int64_t n, int64_t take, uint32_t *keys, int32_t *list,
+                        struct topk_pair *pairs, struct topk_pair *tmp) {
+    const int shift = 32 - TOPK_DIGIT;
+    for (int64_t i = 0; i < n; i++) keys[i] = order_key(score[i]);
+    int32_t hist[2][TOPK_BINS] = {{0}};     /* two tables: runs of equal digits do not wait on one counter */
+    for (int64_t i = 0; i < n; i++) hist[i & 1][keys[i] >> shift]++;
+    int64_t need = take, m = 0, c = 0;
+    uint32_t b = TOPK_BINS - 1;
+    while (hist[0][b] + hist[1][b] < need) need -= hist[0][b] + hist[1][b], b--;
+    for (int64_t i = 0; i < n; i++) {     /* written always, kept by the count: no branch on random digits */
+        uint32_t digit = keys[i] >> shift;
+        pairs[m] = (struct topk_pair){keys[i], (int32_t)i};
+        list[c] = (int32_t)i;
+        m += digit > b;
+        c += digit == b;
+    }
+    c = topk_refine(keys, list, c, shift - TOPK_DIGIT, TOPK_BINS, &need, pairs, &m);
+    c = topk_refine(keys, list, c, 0, 1u << (shift - TOPK_DIGIT), &need, pairs, &m);
+    for (int64_t i = 0; i < need; i++) pairs[m++] = (struct topk_pair){keys[list[i]], list[i]};   /* equal keys */
+    topk_sort(pairs, tmp, m);
+}
+
+#endif
