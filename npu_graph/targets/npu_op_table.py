@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from npu_graph.targets.npu_contract import Arg
+from npu_graph.targets.npu_kda import KDA_LOWERINGS
 from npu_graph.targets.npu_moe_ops import MOE_LOWERINGS
 from npu_graph.targets.npu_ops import Emission, Lowering, Names, bound_args, composite, half_dtype, used_outputs
 from npu_graph.targets.npu_signatures import NO_COUNTERPART
@@ -135,6 +136,7 @@ LOWERINGS: dict[str, Callable[[Lowering, dict[str, Any]], Emission | str]] = {
     "add_rms_norm": _add_rms_norm,
     "rotary_mul": _rotary_mul,
     **MOE_LOWERINGS,
+    **KDA_LOWERINGS,
 }
 
 

@@ -3,7 +3,8 @@
 Argument names are converted from our schemas to the pinned torch_npu ones (npu_signatures), dtypes the pinned
 op does not take are cast before the call (labelled `# adapt:`), and outputs whose layout differs (MX scales,
 softmax statistics) are reshaped back to ours. An op with no torch_npu counterpart, or a case the pinned op
-cannot express, keeps its `torch.ops.ascend_dsa` composite call, labelled `# composite:` with the reason.
+cannot express, keeps its `torch.ops.ascend_dsa` composite call, labelled `# composite:` with the reason; a few
+run as torch ops on the device instead, labelled `# decomposition:` (npu_kda).
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from npu_graph.targets.npu_signatures import HALF
 
 @dataclass
 class Emission:
-    """What one node becomes: program lines, the torch_npu calls among them, why it stayed composite, and the
-    module-level constants its lines read (name -> expression, evaluated once when the program is loaded)."""
+    """What one node becomes: program lines, the torch_npu calls among them, why it stayed composite (or was
+    decomposed into torch ops), and the module-level constants its lines read (name -> expression, evaluated once
+    when the program is loaded)."""
 
     lines: list[str] = field(default_factory=list)
     calls: list[NpuCall] = field(default_factory=list)
     composite: str = ""
+    decomposed: str = ""
     constants: dict[str, str] = field(default_factory=dict)
 
 

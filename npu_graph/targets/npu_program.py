@@ -29,7 +29,8 @@ MODES = ("eager", "torchair")
 
 @dataclass
 class NpuProgram:
-    """The generated sources, every torch_npu call they make, and what stayed composite."""
+    """The generated sources, every torch_npu call they make, what stayed composite and what runs as torch ops
+    on the device (`decomposed`, npu_kda)."""
 
     name: str
     sources: dict[str, str]
@@ -38,11 +39,13 @@ class NpuProgram:
     nz_inputs: tuple[int, ...]
     scopes: Counter[str] = field(default_factory=Counter)
     scope_calls: list[NpuCall] = field(default_factory=list)
+    decomposed: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         ops = Counter(c.op for c in self.calls)
         return {"torch_npu": TORCH_NPU_VERSION, "torchair": TORCHAIR_VERSION, "op_calls": len(self.calls),
                 "calls_by_op": dict(sorted(ops.items())), "unmapped_ops": dict(sorted(self.composites.items())),
+                "decomposed_ops": dict(sorted(self.decomposed.items())),
                 "nz_weights": len(self.nz_inputs), "stream_scopes": self.scopes["stream"],
                 "superkernel_scopes": self.scopes["superkernel"], "executed": False,
                 "verified": "generated and contract-checked against the pinned signatures; not run on hardware"}
@@ -69,6 +72,7 @@ class _Walker:
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm, self.names, self.calls, self.composites = gm, Names(), [], {}
+        self.decomposed: dict[str, str] = {}
         self.imports: set[str] = set()
         self.constants: dict[str, str] = {}
 
@@ -88,6 +92,8 @@ class _Walker:
             self.constants.update(emission.constants)
             if emission.composite:
                 self.composites[target._opname] = emission.composite
+            if emission.decomposed:
+                self.decomposed[target._opname] = emission.decomposed
             return emission.lines
         call = _callable_text(target)
         if "." in call and not call.startswith("torch."):
@@ -165,4 +171,4 @@ def generate(gm: torch.fx.GraphModule, name: str, graph_mode: str = "max-autotun
         scopes, scope_calls = writer.counts, scope_calls + writer.calls
         constants = [f"{name} = {expr}" for name, expr in walker.constants.items()]
         sources[mode] = "\n".join([*header, *constants, *([""] * 2 * bool(constants)), *prologue, *forward]) + "\n"
-    return NpuProgram(name, sources, walker.calls, walker.composites, nz, scopes, scope_calls)
+    return NpuProgram(name, sources, walker.calls, walker.composites, nz, scopes, scope_calls, walker.decomposed)

@@ -239,9 +239,6 @@ _ENTRIES = (
 SIGNATURES: dict[str, Signature] = {s.name: s for s in _ENTRIES}
 
 NO_COUNTERPART: dict[str, str] = {
-    "chunk_kda": "no torch_npu op for KDA in 7.3.0 (fla-style Triton kernels only)",
-    "chunk_kda_states": "no torch_npu op for KDA in 7.3.0; the per-step states are what fla-style kernels write "
-                        "into state slots for speculative decoding (vLLM's ssm_state_indices)",
     "attn_res": "no torch_npu op for Kimi attention residuals",
     "causal_lengths": "a mask-to-lengths check of this project, not a torch_npu op",
     "dequant_mx": "torch_npu 7.3.0 documents no MX dequant op for A2/A3",
