@@ -56,10 +56,13 @@ def test_paged_keys_with_lengths(dtype, block_size, path):
 @pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n1", [1, 16, 33, 64])
-def test_scores_equal_brute_force(dtype, n1, isa_level):
-    """The kernel's scores themselves, every key: fp32 sums of exact products, so fp32 rounding apart."""
-    q, key, w = make_inputs(1, 1, n1, 64, 777, dtype, seed=n1)
-    score = li_native.row_scorer(q, key, None)(0, 777, q[0, 0], w[0, 0])
+@pytest.mark.parametrize("keys", [1, 49, 777])
+def test_scores_equal_brute_force(dtype, n1, keys, isa_level):
+    """The kernel's scores themselves, every key: fp32 sums of exact products, so fp32 rounding apart. Key counts
+    below, across and well past one chunk of keys widened at a time (48), head counts that fill one vector, leave
+    a block of heads narrower than the others, or pad the last vector."""
+    q, key, w = make_inputs(1, 1, n1, 64, keys, dtype, seed=n1 + keys)
+    score = li_native.row_scorer(q, key, None)(0, keys, q[0, 0], w[0, 0])
     torch.testing.assert_close(score, scores_of(q, key, w)[0, 0], rtol=1e-5, atol=1e-4)
 
 
