@@ -26,8 +26,6 @@ The CPU work is in kernels/indexer_topk.py (torch: streamed exact top-K, bf16 pr
 kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/indexer_checks.py and the readable
 definition in kernels/indexer_reference.py.
 """
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
@@ -37,18 +35,17 @@ from npu_graph.kernels.indexer_checks import OP, check_static, sequence_lengths,
 from npu_graph.kernels.indexer_keys import ONEDNN_BF16, KeyReader, dequantize
 from npu_graph.kernels.indexer_reference import reference_lightning_indexer as reference_lightning_indexer
 from npu_graph.kernels.indexer_topk import KEY_CHUNK, SCORE_BUDGET, prefiltered_topk, streamed_topk
+from npu_graph.kernels.key_windows import check_starts, has_padding, indexer_by_row
 
 PREFILTER_MAX_ROWS = 8    # a batch with more valid query rows uses the streamed path
 BF16_PREFILTER = ONEDNN_BF16   # decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer_topk.py)
 
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,
-                limits: list[int], k: int, prefilter: bool,
-                top_row: Callable[..., tuple[Tensor, Tensor]] | None) -> list[tuple[int, int, Tensor, Tensor]]:
-    """(first row, last row, indices, values) blocks covering the valid query rows of batch b."""
+                limits: list[int], k: int, prefilter: bool) -> list[tuple[int, int, Tensor, Tensor]]:
+    """(first row, last row, indices, values) blocks covering the valid query rows of batch b (torch paths)."""
     n1 = query.shape[2]
-    per_row = len(limits) <= PREFILTER_MAX_ROWS
-    if per_row and (prefilter or top_row is not None):
+    if prefilter and len(limits) <= PREFILTER_MAX_ROWS:
         blocks = [(t, t + 1) for t in range(len(limits))]
     else:
         step = max(1, SCORE_BUDGET // (KEY_CHUNK * n1))
@@ -56,9 +53,6 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
     out = []
     for t0, t1 in blocks:
         if max(limits[t0:t1]) == 0:
-            continue
-        if top_row is not None and per_row:
-            out.append((t0, t1, *top_row(b, limits[t0], query[b, t0], w[b, t0])))
             continue
         if prefilter and t1 - t0 == 1 and limits[t0] > 2 * k:
             out.append((t0, t1, *prefiltered_topk(keys, b, query[b, t0], w[b, t0], limits[t0], k)))
@@ -73,20 +67,28 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                            actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
                            query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
                            sparse_mode: int) -> tuple[Tensor, Tensor]:
+    """Decode rows (at most PREFILTER_MAX_ROWS valid query rows in a batch) go one by one through the native
+    kernel, which writes each row's top-K into the outputs, when it takes the inputs; the rest through
+    `_batch_topk`."""
     lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
                               actual_seq_lengths_key, "actual_seq_lengths_key")
-    keys = KeyReader(key, key_scale, block_table)
     w = weights.float()
-    prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
     top_row = None if query_scale is not None or key_scale is not None else \
         lightning_indexer_native.row_topk(query, key, block_table, sparse_count)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"), dtype=torch.float32)
+    keys = None
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
-        for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter,
-                                            top_row):
+        if top_row is not None and len(limits) <= PREFILTER_MAX_ROWS:
+            for t, limit in enumerate(limits):
+                if limit:
+                    top_row(b, limit, query[b, t], w[b, t], indices[b, t, 0], values[b, t, 0])
+            continue
+        keys = keys or KeyReader(key, key_scale, block_table)
+        prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
+        for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter):
             indices[b, t0:t1, 0] = idx
             values[b, t0:t1, 0] = val
     return indices, values
@@ -95,14 +97,21 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
 @torch.library.custom_op("ascend_dsa::lightning_indexer", mutates_args=())
 def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None = None,
                       actual_seq_lengths_key: Tensor | None = None, block_table: Tensor | None = None,
-                      query_scale: Tensor | None = None, key_scale: Tensor | None = None, *,
-                      layout_query: str = "BSND", layout_key: str = "BSND", sparse_count: int = 2048,
-                      sparse_mode: int = 3, return_value: bool = False) -> tuple[Tensor, Tensor]:
-    """Top-`sparse_count` key positions per query token; see the module docstring. Returns
-    (sparse_indices int32 [B,S1,1,K], sparse_values fp32 [B,S1,1,K])."""
+                      query_scale: Tensor | None = None, key_scale: Tensor | None = None,
+                      key_starts: Tensor | None = None, *, layout_query: str = "BSND", layout_key: str = "BSND",
+                      sparse_count: int = 2048, sparse_mode: int = 3, return_value: bool = False
+                      ) -> tuple[Tensor, Tensor]:
+    """Top-`sparse_count` key positions per query token; see the module docstring (and kernels/key_windows.py
+    for `key_starts`). Returns (sparse_indices int32 [B,S1,1,K], sparse_values fp32 [B,S1,1,K])."""
     if static_checks_needed():
         check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
+        check_starts(OP, key_starts, query.shape[0])
+    if has_padding(key_starts):
+        return indexer_by_row(lightning_indexer, query, key, weights, actual_seq_lengths_query,
+                              actual_seq_lengths_key, block_table, query_scale, key_scale, key_starts,
+                              layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
+                              sparse_mode=sparse_mode, return_value=return_value)
     def run() -> tuple[Tensor, Tensor]:
         return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
                                       block_table, query_scale, key_scale, sparse_count, sparse_mode)
@@ -126,10 +135,12 @@ def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, blo
 
 @lightning_indexer.register_fake
 def _lightning_indexer_fake(query, key, weights, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
-                            block_table=None, query_scale=None, key_scale=None, *, layout_query="BSND",
-                            layout_key="BSND", sparse_count=2048, sparse_mode=3, return_value=False):
+                            block_table=None, query_scale=None, key_scale=None, key_starts=None, *,
+                            layout_query="BSND", layout_key="BSND", sparse_count=2048, sparse_mode=3,
+                            return_value=False):
     check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                   query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
+    check_starts(OP, key_starts, query.shape[0])
     batch, s1 = query.shape[:2]
     indices = query.new_empty((batch, s1, 1, sparse_count), dtype=torch.int32)
     return indices, query.new_empty((batch, s1, 1, sparse_count), dtype=torch.float32)

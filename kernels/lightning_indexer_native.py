@@ -14,13 +14,13 @@ path then.
 """
 import ctypes
 import functools
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
+from npu_graph.kernels.indexer_keys import scratch
 
 NATIVE_SOURCE = "lightning_indexer"
 
@@ -64,8 +64,9 @@ def _out_of_memory(what: str) -> MemoryError:
 
 
 def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor] | None:
-    """`score(b, limit, q_row [N1, D], w_row [N1] fp32) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
-    for one query token, or None when the native kernel does not take these inputs (module docstring)."""
+    """`score(b, limit, q_row [N1, D], w_row [N1], out=None) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
+    for one query token (into `out` when given), or None when the native kernel does not take these inputs (module
+    docstring)."""
     found = _kernel(query, key)
     return None if found is None else _scorer(found[0], found[2], key, block_table)
 
@@ -74,43 +75,42 @@ def _scorer(fn: ctypes._CFuncPtr, bf16_dot: bool, key: Tensor, block_table: Tens
     code, row_stride = native.DTYPE_CODES[key.dtype], key.stride(1)
     table = None if block_table is None else block_table.to(torch.int32).contiguous()
 
-    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
+    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor, out: Tensor | None = None) -> Tensor:
         heads, dim = q_row.shape
-        q, w = q_row.float().contiguous(), w_row.float().contiguous()
-        out = torch.empty(limit, dtype=torch.float32, device="cpu")
+        q, w = q_row.contiguous(), w_row.float().contiguous()      # the kernel reads q in its stored dtype
+        out = torch.empty(limit, dtype=torch.float32, device="cpu") if out is None else out
         if table is None:
             where = (key[b].data_ptr(), 0, None, 1)
         else:
             where = (key.data_ptr(), key.stride(0), table[b].data_ptr(), key.shape[1])
-        if fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(), w.data_ptr(), heads,
-              dim, int(bf16_dot), out.data_ptr()):
+        if fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(),
+              native.DTYPE_CODES[q.dtype], w.data_ptr(), heads, dim, int(bf16_dot), out.data_ptr()):
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
         return out
 
     return score
 
 
-def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None,
-             k: int) -> Callable[..., tuple[Tensor, Tensor]] | None:
-    """`topk(b, limit, q_row, w_row) -> (indices [1, k] int32, values [1, k] fp32)`: row_scorer's scores and
-    their k largest, sorted descending, -1 / -inf padding when limit < k; None when the native kernel does not
-    take these inputs. Which of several equal scores at the k-th place are kept is torch.topk's choice, as in
-    eager (ReLU makes exact zeros common: a model's greedy tokens must not depend on the implementation)."""
+def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None, k: int) -> Callable[..., None] | None:
+    """`topk(b, limit, q_row, w_row, indices, values)`: row_scorer's scores and their k largest, sorted
+    descending, written into indices [k] int32 and values [k] fp32 (contiguous; -1 / -inf padding when limit < k);
+    None when the native kernel does not take these inputs. Which of several equal scores at the k-th place are
+    kept is torch.topk's choice, as in eager (ReLU makes exact zeros common: a model's greedy tokens must not
+    depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
     score, select = _scorer(found[0], found[2], key, block_table), found[1]
 
-    def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> tuple[Tensor, Tensor]:
-        scores = score(b, limit, q_row, w_row)
-        if limit <= k:
-            return select_topk(select, scores, k)
-        indices, values = select_topk(select, scores, k + 1)
-        kth, next_ = values[0, k - 1:k + 1].tolist()
-        if kth == next_ and math.isfinite(kth):     # equal scores straddle the cut: torch.topk decides
+    def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor, indices: Tensor, values: Tensor) -> None:
+        scores = score(b, limit, q_row, w_row, scratch("li_native/scores", (limit,), torch.float32))
+        status = select(scores.data_ptr(), limit, k, indices.data_ptr(), values.data_ptr())
+        if status < 0:
+            raise _out_of_memory(f"top {k} of {limit} keys")
+        if status:      # equal scores straddle the cut: torch.topk decides
             top, where = scores.topk(k)
-            return where.to(torch.int32).unsqueeze(0), top.unsqueeze(0)
-        return indices[:, :k], values[:, :k]
+            values.copy_(top)
+            indices.copy_(where)
 
     return topk
 
@@ -120,6 +120,6 @@ def select_topk(select: ctypes._CFuncPtr, scores: Tensor, k: int) -> tuple[Tenso
     values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding when n < k."""
     indices = torch.empty(1, k, dtype=torch.int32, device="cpu")
     values = torch.empty(1, k, dtype=torch.float32, device="cpu")
-    if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()):
+    if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()) < 0:
         raise _out_of_memory(f"top {k} of {scores.numel()} keys")
     return indices, values

@@ -157,11 +157,11 @@ static void score_range_f32(const struct keys *k, const float *qp, const float *
 
 /* The query q [h][d] packed for the fp32 micro-kernel: per block of NB_MAX head vectors (the last one holding
  * the rest), [d][heads of the block], heads padded with zeros to hp. */
-static void pack_query(const float *q, int64_t h, int64_t hp, int64_t d, float *qp) {
+static void pack_query(const void *q, int q_dtype, int64_t h, int64_t hp, int64_t d, float *qp) {
     for (int64_t hb = 0; hb < hp; hb += NB_MAX * VL) {
         int64_t width = hp - hb < NB_MAX * VL ? hp - hb : NB_MAX * VL;
         for (int64_t i = 0; i < d; i++)
-            for (int64_t j = 0; j < width; j++) qp[hb * d + i * width + j] = hb + j < h ? q[(hb + j) * d + i] : 0.0f;
+            for (int64_t j = 0; j < width; j++) qp[hb * d + i * width + j] = hb + j < h ? load_value(q, q_dtype, (hb + j) * d + i) : 0.0f;
     }
 }
 
@@ -233,21 +233,22 @@ static void score_range_bf16(const struct keys *k, const uint32_t *qp, const flo
 }
 #endif
 
-/* The query packed for the micro-kernel in use (fp32: pack_query; bf16 dot products: bf16 pairs [d/2][hp]), or
- * NULL when out of memory. */
-static void *packed_query(const float *q, int64_t h, int64_t hp, int64_t d, int bf16_dot) {
+/* The query q [h][d] (stored as q_dtype) packed for the micro-kernel in use (fp32: pack_query; bf16 dot products:
+ * bf16 pairs [d/2][hp]), or NULL when out of memory. */
+static void *packed_query(const void *q, int q_dtype, int64_t h, int64_t hp, int64_t d, int bf16_dot) {
     if (!bf16_dot) {
         float *qp = malloc((size_t)(hp * d) * sizeof(float));
-        if (qp) pack_query(q, h, hp, d, qp);
+        if (qp) pack_query(q, q_dtype, h, hp, d, qp);
         return qp;
     }
     uint32_t *qp = calloc((size_t)(hp * (d / 2)), sizeof(uint32_t));
     for (int64_t p = 0; qp && p < d / 2; p++)
         for (int64_t j = 0; j < h; j++) {
-            uint32_t lo, hi;
-            memcpy(&lo, &q[j * d + 2 * p], 4);
-            memcpy(&hi, &q[j * d + 2 * p + 1], 4);
-            qp[p * hp + j] = (lo >> 16) | (hi & 0xffff0000u);
+            float lo = load_value(q, q_dtype, j * d + 2 * p), hi = load_value(q, q_dtype, j * d + 2 * p + 1);
+            uint32_t lo_bits, hi_bits;
+            memcpy(&lo_bits, &lo, 4);
+            memcpy(&hi_bits, &hi, 4);
+            qp[p * hp + j] = (lo_bits >> 16) | (hi_bits & 0xffff0000u);
         }
     return qp;
 }
@@ -266,15 +267,16 @@ static void score_range(const struct keys *k, const void *qp, const float *w, in
     score_range_f32(k, qp, w, d, h, start, end, kf, score);
 }
 
-/* score[0:n] for query q [h][d] (fp32) with head weights w [h] (fp32). Heads are padded to a multiple of VL
- * with zero queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must
- * hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+/* score[0:n] for query q [h][d] (contiguous, of type q_dtype: F32, BF16 or F16) with head weights w [h] (fp32).
+ * Heads are padded to a multiple of VL with zero queries and weights (they add nothing). bf16_dot: score bf16
+ * keys with bf16 dot products (q must hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1
+ * when out of memory. */
 int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-               int64_t block_size, int64_t n, const float *q, const float *w, int64_t h, int64_t d, int bf16_dot,
-               float *score) {
+               int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
+               int bf16_dot, float *score) {
     struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
     int64_t hp = (h + VL - 1) / VL * VL;
-    void *qp = packed_query(q, h, hp, d, bf16_dot);
+    void *qp = packed_query(q, q_dtype, h, hp, d, bf16_dot);
     float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
     if (!qp || !wp) {
         free(qp);
@@ -303,9 +305,10 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
 
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values
  * val [k]; positions -1 and values -inf pad the rest when n < k, and a key scoring -inf is reported as -1.
- * Returns 0, or -1 when out of memory. */
+ * Returns 0; 1 when the k-th and (k+1)-th largest scores are equal and finite (which of the equal keys are kept
+ * is then torch.topk's choice: the caller decides); -1 when out of memory. */
 int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) {
-    int64_t take = k < n ? k : n;
+    int64_t take = k < n ? k : n, with_next = k < n ? k + 1 : n;
     for (int64_t i = take; i < k; i++) {
         idx[i] = -1;
         val[i] = -INFINITY;
@@ -313,20 +316,21 @@ int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) 
     if (take == 0) return 0;
     uint32_t *keys = malloc((size_t)n * sizeof *keys);
     int32_t *list = malloc((size_t)n * sizeof *list);
-    struct topk_pair *pairs = malloc((size_t)(2 * take) * sizeof *pairs);
+    struct topk_pair *pairs = malloc((size_t)(2 * with_next) * sizeof *pairs);
     if (!keys || !list || !pairs) {
         free(keys);
         free(list);
         free(pairs);
         return -1;
     }
-    topk_select(score, n, take, keys, list, pairs, pairs + take);
+    topk_select(score, n, with_next, keys, list, pairs, pairs + with_next);
     for (int64_t i = 0; i < take; i++) {
         val[i] = score[pairs[i].pos];
         idx[i] = val[i] == -INFINITY ? -1 : pairs[i].pos;  /* a key scoring -inf counts as masked, as in torch */
     }
+    int tie = with_next > take && pairs[take].key == pairs[take - 1].key && isfinite(val[take - 1]);
     free(keys);
     free(list);
     free(pairs);
-    return 0;
+    return tie;
 }
