@@ -74,7 +74,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                               actual_seq_lengths_key, "actual_seq_lengths_key")
     w = weights.float()
     top_row = None if query_scale is not None or key_scale is not None else \
-        lightning_indexer_native.row_topk(query, key, block_table, sparse_count)
+        lightning_indexer_native.row_topk(query, key, block_table, w, sparse_count)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"), dtype=torch.float32)
@@ -84,7 +84,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
         if top_row is not None and len(limits) <= PREFILTER_MAX_ROWS:
             for t, limit in enumerate(limits):
                 if limit:
-                    top_row(b, limit, query[b, t], w[b, t], indices[b, t, 0], values[b, t, 0])
+                    top_row(b, t, limit, indices, values)
             continue
         keys = keys or KeyReader(key, key_scale, block_table)
         prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16

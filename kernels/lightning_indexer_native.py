@@ -26,12 +26,14 @@ NATIVE_SOURCE = "lightning_indexer"
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool]:
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool]:
+    """(li_scores, li_topk, li_row_topk, whether the build reads fp16, whether it has bf16 dot products)."""
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_f16")
     has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_bf16_dot")
     scores = native_prototypes.typed(lib, NATIVE_SOURCE, "li_scores")
     topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_topk")
-    return scores, topk, bool(has_f16()), bool(has_bf16_dot())
+    row_topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_row_topk")
+    return scores, topk, row_topk, bool(has_f16()), bool(has_bf16_dot())
 
 
 def _readable(key: Tensor) -> bool:
@@ -39,18 +41,18 @@ def _readable(key: Tensor) -> bool:
     return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in native.DTYPE_CODES
 
 
-def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
-    """(the scoring function, the top-k function, whether to use bf16 dot products) for these inputs, or None
-    (module docstring)."""
+def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
+    """(li_scores, li_topk, li_row_topk, whether to use bf16 dot products) for these inputs, or None (module
+    docstring)."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or query.dtype not in native.DTYPE_CODES or not _readable(key):
         return None
-    scores, topk, has_f16, has_bf16_dot = _typed(loaded.lib)
+    scores, topk, row_topk_fn, has_f16, has_bf16_dot = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
     bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 \
         and query.shape[3] % 2 == 0
-    return scores, topk, bf16_dot
+    return scores, topk, row_topk_fn, bf16_dot
 
 
 def takes(query: Tensor, key: Tensor) -> bool:
@@ -64,60 +66,77 @@ def _out_of_memory(what: str) -> MemoryError:
 
 
 def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor] | None:
-    """`score(b, limit, q_row [N1, D], w_row [N1], out=None) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
-    for one query token (into `out` when given), or None when the native kernel does not take these inputs (module
-    docstring)."""
+    """`score(b, limit, q_row [N1, D], w_row [N1]) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b for one
+    query token, or None when the native kernel does not take these inputs (module docstring)."""
     found = _kernel(query, key)
-    return None if found is None else _scorer(found[0], found[2], key, block_table)
+    if found is None:
+        return None
+    fn, bf16_dot, keys_of = found[0], int(found[3]), _key_args(key, block_table)
 
-
-def _scorer(fn: ctypes._CFuncPtr, bf16_dot: bool, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor]:
-    code, row_stride = native.DTYPE_CODES[key.dtype], key.stride(1)
-    table = None if block_table is None else block_table.to(torch.int32).contiguous()
-
-    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor, out: Tensor | None = None) -> Tensor:
+    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
         heads, dim = q_row.shape
         q, w = q_row.contiguous(), w_row.float().contiguous()      # the kernel reads q in its stored dtype
-        out = torch.empty(limit, dtype=torch.float32, device="cpu") if out is None else out
-        if table is None:
-            where = (key[b].data_ptr(), 0, None, 1)
-        else:
-            where = (key.data_ptr(), key.stride(0), table[b].data_ptr(), key.shape[1])
-        if fn(where[0], code, row_stride, where[1], where[2], where[3], limit, q.data_ptr(),
-              native.DTYPE_CODES[q.dtype], w.data_ptr(), heads, dim, int(bf16_dot), out.data_ptr()):
+        out = torch.empty(limit, dtype=torch.float32, device="cpu")
+        if fn(*keys_of(b), limit, q.data_ptr(), native.DTYPE_CODES[q.dtype], w.data_ptr(), heads, dim, bf16_dot,
+              out.data_ptr()):
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
         return out
 
     return score
 
 
-def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None, k: int) -> Callable[..., None] | None:
-    """`topk(b, limit, q_row, w_row, indices, values)`: row_scorer's scores and their k largest, sorted
-    descending, written into indices [k] int32 and values [k] fp32 (contiguous; -1 / -inf padding when limit < k);
-    None when the native kernel does not take these inputs. Which of several equal scores at the k-th place are
-    kept is torch.topk's choice, as in eager (ReLU makes exact zeros common: a model's greedy tokens must not
-    depend on the implementation)."""
+def _key_args(key: Tensor, block_table: Tensor | None) -> Callable[[int], tuple]:
+    """The kernel's first six arguments (where batch b's key rows are) as a function of b."""
+    code, row_stride, item = native.DTYPE_CODES[key.dtype], key.stride(1), key.element_size()
+    if block_table is None:
+        base, batch_stride = key.data_ptr(), key.stride(0) * item
+        return lambda b: (base + b * batch_stride, code, row_stride, 0, None, 1)
+    table = block_table.to(torch.int32).contiguous()     # kept alive by the function below
+
+    def paged(b: int) -> tuple:
+        return key.data_ptr(), code, row_stride, key.stride(0), table.data_ptr() + b * table.stride(0) * 4, \
+            key.shape[1]
+
+    return paged
+
+
+def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor,
+             k: int) -> Callable[[int, int, int, Tensor, Tensor], None] | None:
+    """`topk(b, t, limit, indices, values)`: the scores of keys 0 .. limit-1 of batch b for query row t (weights
+    [B, S1, N1]) and their k largest, sorted descending, written into indices[b, t, 0] and values[b, t, 0] of the
+    op's contiguous outputs [B, S1, 1, k] (-1 / -inf padding when limit < k); None when the native kernel does not
+    take these inputs. One native call per row, with the addresses computed here. Which of several equal scores
+    at the k-th place are kept is torch.topk's choice, as in eager (ReLU makes exact zeros common: a model's
+    greedy tokens must not depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
-    score, select = _scorer(found[0], found[2], key, block_table), found[1]
+    fn, bf16_dot, keys_of = found[2], int(found[3]), _key_args(key, block_table)
+    q = query if query.stride(3) == 1 and query.stride(2) == query.shape[3] else query.contiguous()
+    w = weights.float().contiguous()
+    heads, dim, q_code, q_item = q.shape[2], q.shape[3], native.DTYPE_CODES[q.dtype], q.element_size()
 
-    def topk(b: int, limit: int, q_row: Tensor, w_row: Tensor, indices: Tensor, values: Tensor) -> None:
-        scores = score(b, limit, q_row, w_row, scratch("li_native/scores", (limit,), torch.float32))
-        status = select(scores.data_ptr(), limit, k, indices.data_ptr(), values.data_ptr())
+    def topk(b: int, t: int, limit: int, indices: Tensor, values: Tensor) -> None:
+        scores = scratch("li_native/scores", (limit,), torch.float32)
+        row = (b * indices.shape[1] + t) * k
+        status = fn(*keys_of(b), limit, q.data_ptr() + (b * q.stride(0) + t * q.stride(1)) * q_item, q_code,
+                    w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot, k,
+                    scores.data_ptr(), indices.data_ptr() + row * 4, values.data_ptr() + row * 4)
         if status < 0:
-            raise _out_of_memory(f"top {k} of {limit} keys")
+            raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}, top {k}")
         if status:      # equal scores straddle the cut: torch.topk decides
             top, where = scores.topk(k)
-            values.copy_(top)
-            indices.copy_(where)
+            values[b, t, 0] = top
+            indices[b, t, 0] = where
 
     return topk
 
 
-def select_topk(select: ctypes._CFuncPtr, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k largest of scores [n] (fp32, contiguous) by the native radix select: (positions [1, k] int32,
-    values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding when n < k."""
+def select_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest of scores [n] (fp32, contiguous) by the native radix select (the library must be loaded):
+    (positions [1, k] int32, values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding
+    when n < k."""
+    select = _typed(native.load(NATIVE_SOURCE).lib)[1]
     indices = torch.empty(1, k, dtype=torch.int32, device="cpu")
     values = torch.empty(1, k, dtype=torch.float32, device="cpu")
     if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()) < 0:

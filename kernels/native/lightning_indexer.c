@@ -334,3 +334,13 @@ int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) 
     free(pairs);
     return tie;
 }
+
+/* One decode row: the scores of keys 0 .. n-1 (li_scores) into score [n], then their k largest into idx [k] and
+ * val [k] (li_topk). Returns li_topk's code (0; 1: equal scores at the cut), or -1 when out of memory. */
+int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
+                int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
+                int bf16_dot, int64_t k, float *score, int32_t *idx, float *val) {
+    if (li_scores(key, dtype, row_stride, block_stride, table, block_size, n, q, q_dtype, w, h, d, bf16_dot, score))
+        return -1;
+    return li_topk(score, n, k, idx, val);
+}

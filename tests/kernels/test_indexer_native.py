@@ -72,10 +72,6 @@ def test_switch_off_uses_the_torch_path(monkeypatch):
     assert li_native.row_scorer(q, key, None) is None
 
 
-def native_select():
-    return li_native._typed(native.load(li_native.NATIVE_SOURCE).lib)[1]
-
-
 @pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
 @pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777)])
 @pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf", "nan_and_zeros", "close"])
@@ -97,7 +93,7 @@ def test_native_topk_equals_torch_topk(n, k, values):
         scores[-1] = -float("nan")
     elif values == "close":
         scores = 1.0 + scores.abs().mul(1e-3).round(decimals=5)
-    indices, got = li_native.select_topk(native_select(), scores, k)
+    indices, got = li_native.select_topk(scores, k)
     take = min(n, k)
     want = scores.topk(take).values
     assert torch.equal(got[0, :take].isnan(), want.isnan())
