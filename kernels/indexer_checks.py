@@ -26,6 +26,8 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2 ** 31 - 1     # the largest position the int32 `sparse_indices` hold
+MAX_SIGNATURES = 4096       # check_static remembers at most this many passed signatures
+_PASSED: set[tuple] = set()
 
 
 def check_dtype(op: str, name: str, t: Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -73,7 +75,27 @@ def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths
                   actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
                   key_scale: Tensor | None, layout_query: str, layout_key: str, sparse_count: int,
                   sparse_mode: int) -> None:
-    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake)."""
+    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake). They depend
+    on nothing else, so a signature of shapes, dtypes and options that passed once is not checked again (a decode
+    step repeats one; the checks cost tens of microseconds)."""
+    tensors = (query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, query_scale,
+               key_scale)
+    try:
+        signature = (*(None if t is None else (t.shape, t.dtype) for t in tensors), layout_query, layout_key,
+                     sparse_count, sparse_mode)
+        if signature in _PASSED:
+            return
+    except TypeError:       # symbolic sizes (tracing) do not hash: checked every time
+        signature = None
+    _check_static(*tensors, layout_query, layout_key, sparse_count, sparse_mode)
+    if signature is not None and len(_PASSED) < MAX_SIGNATURES:
+        _PASSED.add(signature)
+
+
+def _check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
+                  actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
+                  key_scale: Tensor | None, layout_query: str, layout_key: str, sparse_count: int,
+                  sparse_mode: int) -> None:
     require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
     require_choice(OP, "layout_key", layout_key, LAYOUTS_KEY)
     require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)

@@ -51,7 +51,7 @@ def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     if buf is None or buf.numel() < numel:
         with torch.inference_mode(False):
             buf = buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
-    return buf[:numel].view(shape)
+    return buf[:numel] if len(shape) == 1 else buf[:numel].view(shape)
 
 
 def _as_float(x: Tensor, name: str) -> Tensor:

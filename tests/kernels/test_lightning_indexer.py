@@ -262,10 +262,14 @@ def bad_inputs():
 
 @pytest.mark.parametrize("match,change", list(bad_inputs()), ids=[m for m, _ in bad_inputs()])
 def test_clear_errors(match, change):
+    """Each bad call raises, every time, also after a good call with the other arguments (the static checks
+    remember only the signatures that passed)."""
     q, key, w = make_inputs(2, 3, 4, 64, 40)
+    OP(q, key, w)
     args = dict(query=q, key=key, weights=w) | change
-    with pytest.raises(ValueError, match=match):
-        OP(**args)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=match):
+            OP(**args)
 
 
 def test_inference_mode_then_normal_mode():
