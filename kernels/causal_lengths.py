@@ -1,10 +1,13 @@
 """`ascend_dsa::causal_lengths` — turns a model's attention mask into the per-batch sequence lengths that
-the fused DSA operators take (`actual_seq_lengths_query`, `actual_seq_lengths_key`, sparse_mode=3).
+the fused DSA operators take (`actual_seq_lengths_query`, `actual_seq_lengths_key`, sparse_mode=3), and with
+`windows=True` the first visible key of each batch row (`key_starts`: a left-padded batch).
 
-The fused operators express causality as "query t of batch b sees keys s <= S2_b − S1_b + t". A fusion pass
-cannot prove from the graph that an arbitrary mask has that shape, so it keeps the mask computation and
-calls this op, which checks at run time that the mask really is right-down causal (visible keys of every
-query are a prefix, growing by one key per query) and raises otherwise — never silently wrong.
+The fused operators express causality as "query t of batch b sees keys key_starts_b <= s <= S2_b − S1_b + t"
+(key_starts 0 without windows). A fusion pass cannot prove from the graph that an arbitrary mask has that shape,
+so it keeps the mask computation and calls this op, which checks at run time that the mask really is right-down
+causal (the visible keys of every query are one run from the row's start, growing by one key per query; a
+query whose run ends at or before the start sees nothing: the padding of a left-padded prompt) and raises
+otherwise — never silently wrong. Without `windows` a start other than 0 is refused the same way.
 
 Bool and fp32 additive masks are checked by a native kernel (kernels/native/causal_lengths.c: one pass over
 the mask, ~170 -> ~10 us for a decode row of 16K keys between memory-bound layers); other masks, and every
@@ -44,36 +47,43 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "cl_lengths")
 
 
-def _native_lengths(mask: Tensor, additive: bool) -> Tensor | None:
-    """lengths_k from the native check (module docstring) for a bool or fp32 additive CPU mask, else None; raises
-    as the torch path does."""
+def _native_lengths(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor] | None:
+    """(lengths_k, key_starts) from the native check (module docstring) for a bool or fp32 additive CPU mask, else
+    None; raises as the torch path does."""
     kind = _NATIVE_KINDS.get((mask.dtype, additive))
     loaded = native.load(NATIVE_SOURCE) if kind is not None and mask.is_cpu else None
     if not loaded:
         return None
     lengths_k = torch.empty(mask.shape[0], dtype=torch.int32, device="cpu")
-    status = _typed(loaded.lib)(mask.data_ptr(), kind, *mask.shape, *mask.stride(), lengths_k.data_ptr())
+    starts = torch.empty(mask.shape[0], dtype=torch.int32, device="cpu")
+    status = _typed(loaded.lib)(mask.data_ptr(), kind, int(windows), *mask.shape, *mask.stride(),
+                                lengths_k.data_ptr(), starts.data_ptr())
     if status == 2:
         raise FusedPreconditionError(_NOT_ADDITIVE)
     if status == 1:
         raise FusedPreconditionError(_NOT_CAUSAL)
-    return lengths_k
+    return lengths_k, starts
 
 
-def reference_causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor]:
-    """Readable reference: count visible keys row by row and check the causal staircase."""
+def reference_causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False
+                             ) -> tuple[Tensor, Tensor, Tensor]:
+    """Readable reference: find each batch row's start and limit on its last query row, then check every row."""
     visible = _visible(mask, additive)
-    batch, rows = visible.shape[:2]
-    lengths_q, lengths_k = [], []
+    batch, rows, keys = visible.shape
+    lengths_q, lengths_k, starts = [], [], []
     for b in range(batch):
-        counts = [int(visible[b, t].sum()) for t in range(rows)]
+        last = [s for s in range(keys) if visible[b, rows - 1, s]] if rows else []
+        start, limit = (last[0], last[-1] + 1) if last else (0, 0)
         for t in range(rows):
-            prefix = bool(visible[b, t, :counts[t]].all())
-            if not (prefix and counts[t] == max(counts[-1] - (rows - 1 - t), 0)):
+            end = limit - (rows - 1 - t)
+            want = [s for s in range(keys) if start <= s < end]
+            got = [s for s in range(keys) if visible[b, t, s]]
+            if got != want or (start and not windows):
                 raise FusedPreconditionError(f"causal_lengths: mask row {t} of batch {b} is not right-down causal")
         lengths_q.append(rows)
-        lengths_k.append(counts[-1])
-    return torch.tensor(lengths_q, dtype=torch.int32), torch.tensor(lengths_k, dtype=torch.int32)
+        lengths_k.append(limit)
+        starts.append(start)
+    return tuple(torch.tensor(x, dtype=torch.int32) for x in (lengths_q, lengths_k, starts))
 
 
 INT32_MAX = 2 ** 31 - 1
@@ -89,49 +99,55 @@ def _check_sizes(mask: Tensor) -> None:
 
 
 @torch.library.custom_op("ascend_dsa::causal_lengths", mutates_args=())
-def causal_lengths(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor]:
+def causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
-    actual_seq_lengths_key), int32 [B]. Raises ValueError when the mask is not right-down causal."""
+    actual_seq_lengths_key, key_starts), int32 [B]. Raises FusedPreconditionError when the mask is not right-down
+    causal (from key 0, or from each row's key_starts with `windows`)."""
     _check_sizes(mask)
 
-    def run() -> tuple[Tensor, Tensor]:
-        return _causal_lengths_cpu(mask, additive)
+    def run() -> tuple[Tensor, Tensor, Tensor]:
+        return _causal_lengths_cpu(mask, additive, windows)
 
     cls = native_class(mask, additive)
     return run() if cls is None else dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
 
 
-def native_class(mask: Tensor, additive: bool = False) -> tuple | None:
+def native_class(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple | None:
     """The shape class kernels/dispatch.py measures for a mask the native check reads, else None."""
     if (mask.dtype, additive) not in _NATIVE_KINDS or not mask.is_cpu or not native.load(NATIVE_SOURCE):
         return None
     return dispatch.shape_class(mask.dtype, *mask.shape)
 
 
-def _causal_lengths_cpu(mask: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
-    lengths_k = _native_lengths(mask, additive)
-    if lengths_k is not None:
-        return torch.full((mask.shape[0],), mask.shape[1], dtype=torch.int32), lengths_k
+def _causal_lengths_cpu(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor, Tensor]:
+    found = _native_lengths(mask, additive, windows)
+    if found is not None:
+        return torch.full((mask.shape[0],), mask.shape[1], dtype=torch.int32), *found
     visible = _visible(mask, additive)
-    counts = visible.sum(-1, dtype=torch.int32)
-    rows = visible.shape[1]
+    batch, rows, keys = visible.shape
     if rows == 0:                      # no query rows: nothing sees a key (as the native kernel says)
-        empty = torch.zeros(visible.shape[0], dtype=torch.int32, device=mask.device)
-        return empty, empty.clone()
-    keys = torch.arange(visible.shape[2], device=mask.device)
-    staircase = counts[:, -1:] - (rows - 1 - torch.arange(rows, device=mask.device, dtype=torch.int32))
-    staircase = staircase.clamp_min(0)
-    prefix = visible == (keys < counts.unsqueeze(-1))
-    if not (bool(prefix.all()) and bool((counts == staircase).all())):
+        empty = torch.zeros(batch, dtype=torch.int32, device=mask.device)
+        return empty, empty.clone(), empty.clone()
+    last = visible[:, -1]
+    count = last.sum(-1, dtype=torch.int32)
+    start = torch.where(count > 0, last.int().argmax(-1), 0).to(torch.int32)
+    if not windows and bool(start.any()):
         raise FusedPreconditionError(_NOT_CAUSAL)
-    lengths_q = torch.full((visible.shape[0],), rows, dtype=torch.int32, device=mask.device)
-    return lengths_q, counts[:, -1].contiguous()
+    limit = start + count
+    ends = limit[:, None] - (rows - 1 - torch.arange(rows, device=mask.device, dtype=torch.int32))   # [B, S1]
+    positions = torch.arange(keys, device=mask.device)
+    expected = (positions >= start[:, None, None]) & (positions < ends[..., None])
+    if not bool((visible == expected).all()):
+        raise FusedPreconditionError(_NOT_CAUSAL)
+    lengths_q = torch.full((batch,), rows, dtype=torch.int32, device=mask.device)
+    return lengths_q, limit, start
 
 
 @causal_lengths.register_fake
-def _causal_lengths_fake(mask: Tensor, additive: bool = False) -> tuple[Tensor, Tensor]:
+def _causal_lengths_fake(mask: Tensor, additive: bool = False, windows: bool = False
+                         ) -> tuple[Tensor, Tensor, Tensor]:
     require_rank("causal_lengths", "mask", mask, 3)
     if all(isinstance(size, int) for size in mask.shape):
         _check_sizes(mask)
     batch = mask.shape[0]
-    return mask.new_empty((batch,), dtype=torch.int32), mask.new_empty((batch,), dtype=torch.int32)
+    return tuple(mask.new_empty((batch,), dtype=torch.int32) for _ in range(3))

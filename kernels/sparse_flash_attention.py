@@ -41,6 +41,7 @@ from torch import Tensor
 from npu_graph.kernels import dispatch, sfa_native
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.indexer_checks import sequence_lengths
+from npu_graph.kernels.key_windows import check_starts, drop_padding, has_padding
 from npu_graph.kernels.sfa_checks import OP, check_data, check_static
 from npu_graph.kernels.sfa_native import NATIVE_SOURCE
 from npu_graph.kernels.sfa_reference import reference_sparse_flash_attention as reference_sparse_flash_attention
@@ -81,15 +82,19 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
                            actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,
                            key_rope: Tensor | None = None, key_scale: Tensor | None = None,
-                           value_scale: Tensor | None = None, *, sparse_block_size: int = 1,
-                           layout_query: str = "BSND", layout_kv: str = "BSND", sparse_mode: int = 3,
-                           return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Attention over the selected KV rows; see the module docstring. Returns (attention_out [B,S1,N1,Dl]
-    in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum fp32 [B,S1,N1])."""
+                           value_scale: Tensor | None = None, key_starts: Tensor | None = None, *,
+                           sparse_block_size: int = 1, layout_query: str = "BSND", layout_kv: str = "BSND",
+                           sparse_mode: int = 3, return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention over the selected KV rows; see the module docstring (and kernels/key_windows.py for
+    `key_starts`). Returns (attention_out [B,S1,N1,Dl] in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum
+    fp32 [B,S1,N1])."""
     if static_checks_needed():
         check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
                       layout_query, layout_kv, sparse_mode)
+        check_starts(OP, key_starts, query.shape[0])
+    if has_padding(key_starts):
+        sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
     def run() -> tuple[Tensor, Tensor, Tensor]:
         return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
                                            actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
@@ -115,11 +120,13 @@ def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
 @sparse_flash_attention.register_fake
 def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value, block_table=None,
                                  actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
-                                 key_rope=None, key_scale=None, value_scale=None, *, sparse_block_size=1,
-                                 layout_query="BSND", layout_kv="BSND", sparse_mode=3, return_softmax_lse=False):
+                                 key_rope=None, key_scale=None, value_scale=None, key_starts=None, *,
+                                 sparse_block_size=1, layout_query="BSND", layout_kv="BSND", sparse_mode=3,
+                                 return_softmax_lse=False):
     check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                   query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
                   sparse_mode)
+    check_starts(OP, key_starts, query.shape[0])
     batch, s1, n1 = query.shape[:3]
     stats = query.new_empty((batch, s1, n1), dtype=torch.float32)
     return query.new_empty(query.shape), stats, torch.empty_like(stats)     # contiguous, as the CPU path returns

@@ -55,13 +55,16 @@ class TargetDescription:
     leave it; `weight_form=None` means the lowering realises planned layouts (the NPU casts NZ weights at load).
     `stream_device` is the device whose launching stream set_stream nodes switch; None where streams are host
     threads that need no switch (the CPU). `channels_last_depthwise_conv`: the target's depthwise convolution
-    is faster reading a channels-last input through a channels-last weight view."""
+    is faster reading a channels-last input through a channels-last weight view. `dsa_key_starts`: the fused DSA
+    operators take each batch row's first visible key (`key_starts`: left-padded batches); where they do not,
+    a mask whose rows start past key 0 fails the run-time check and the graph runs eagerly."""
 
     name: str
     cost: DeviceProfile
     weight_form: WeightForm | None = None
     stream_device: str | None = None
     channels_last_depthwise_conv: bool = False
+    dsa_key_starts: bool = False
 
 
 def _cpu_description() -> TargetDescription:

@@ -1,9 +1,11 @@
 """canonicalize: remove no-op operations, collapse view chains and drop dead code.
 
 Rules (each counted in the pass stats):
-- `noop_view`: view/reshape/_unsafe_view/expand to the shape the input already has;
+- `noop_view`: view/reshape/_unsafe_view/expand to the shape and strides the input already has (a reshape of
+  a permuted tensor to its own shape copies it into a contiguous one: not a no-op);
 - `view_chain`: view(view(x, a), b) -> view(x, b), also through unsqueeze/squeeze, and
-  unsqueeze(view(x, a), d) -> view(x, a with 1 inserted at d);
+  unsqueeze(view(x, a), d) -> view(x, a with 1 inserted at d); a strict view (not reshape) of a reshape
+  collapses only when x is contiguous, since the inner reshape may be the copy that makes the view possible;
 - `noop_copy`: clone/_to_copy/alias that changes nothing (same dtype, device, shape) where the copy is
   not needed for aliasing: neither side is a graph input, a graph output or written in place;
 - `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
@@ -14,7 +16,8 @@ Rules (each counted in the pass stats):
 - `detached_factory`: x.new_full/new_zeros/new_ones/new_empty(size) -> full/zeros/ones/empty(size) with x's
   dtype and device, so that x is no longer needed (a dense score kept alive only to shape a mask dies);
 - `dead_code`: nodes whose results are unused (side-effecting nodes are kept).
-Shapes are compared only when they are equal for every value of the symbolic sizes.
+Shapes are compared only when they are equal for every value of the symbolic sizes. The fake values of the
+nodes a rule changed are recomputed at the end (passes/matching/meta_refresh.py).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
 from npu_graph.passes.matching.values import CASTS, RESHAPES, UNIT_DIMS, same_size, val
 
 NAME = "canonicalize"
@@ -47,6 +51,20 @@ def _same_tensor_type(node: torch.fx.Node, source: object) -> bool:
             and out.device == inp.device and _same_shape(out, inp))
 
 
+def _same_layout(node: torch.fx.Node, source: object) -> bool:
+    """Same shape and the same strides along every dim of more than one element."""
+    out, inp = val(node), val(source)
+    return _same_tensor_type(node, source) and all(
+        same_size(size, 1) or same_size(a, b) for size, a, b in zip(out.shape, out.stride(), inp.stride()))
+
+
+def _contiguous(value: object) -> bool:
+    try:
+        return isinstance(value, torch.Tensor) and bool(value.is_contiguous())
+    except Exception:  # a symbolic layout that cannot be decided without a guard
+        return False
+
+
 def _mutated_or_boundary(node: torch.fx.Node) -> bool:
     if node.op == "placeholder":
         return True
@@ -61,7 +79,7 @@ def _mutated_or_boundary(node: torch.fx.Node) -> bool:
 def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
     """The rule that makes `node` redundant and the node to use instead, if any."""
     target, args = node.target, node.args
-    if (target in RESHAPES or target == aten.expand.default) and _same_tensor_type(node, args[0]):
+    if (target in RESHAPES or target == aten.expand.default) and _same_layout(node, args[0]):
         return "noop_view", args[0]
     if target in CASTS and _same_tensor_type(node, args[0]) and _plain_copy(node) \
             and not (_mutated_or_boundary(node) or _mutated_or_boundary(args[0])):
@@ -84,6 +102,9 @@ def _collapse_view_chain(node: torch.fx.Node) -> bool:
     source = node.args[0]
     source_target = getattr(source, "target", None)
     if node.target in RESHAPES and (source_target in RESHAPES or source_target in UNIT_DIMS):
+        if node.target != aten.reshape.default and source_target == aten.reshape.default \
+                and not _contiguous(val(source.args[0])):
+            return False
         node.args = (source.args[0], *node.args[1:])
         return True
     if node.target == aten.unsqueeze.default and source_target in RESHAPES and len(source.users) == 1:
@@ -144,6 +165,7 @@ def _detach_factory(node: torch.fx.Node) -> bool:
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     counts: Counter[str] = Counter()
+    before_meta = meta_snapshot(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
@@ -168,4 +190,6 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     gm.graph.eliminate_dead_code()
     counts["dead_code"] += before - len(gm.graph.nodes)
     stats = {rule: n for rule, n in counts.items() if n}
+    if stats:
+        refresh_meta(gm, since=before_meta)
     return PassResult(changed=bool(stats), stats=stats)

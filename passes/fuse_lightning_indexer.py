@@ -11,6 +11,7 @@ for consumers that are not fused, -1 becomes the last key position (masked whene
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 
@@ -146,15 +147,16 @@ def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, t
     return key, None, "BSND"
 
 
-def _lengths(graph: torch.fx.Graph, m: IndexerMatch, score: torch.fx.Node) -> tuple[object, object]:
+def _lengths(graph: torch.fx.Graph, m: IndexerMatch, score: torch.fx.Node, windows: bool
+             ) -> tuple[object, object, object]:
     if m.mask is None:
-        return None, None
+        return None, None, None
     score_shape = [size_arg(graph, list(d)) for d in m.tracer.trace(score).dims]
     flat_shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
-    return causal_lengths_from_mask(graph, m.mask.tensor, score_shape, flat_shape, m.mask.kind)
+    return causal_lengths_from_mask(graph, m.mask.tensor, score_shape, flat_shape, m.mask.kind, windows=windows)
 
 
-def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch) -> None:
+def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch, windows: bool = False) -> None:
     graph = gm.graph
     values_out, indices_out = topk_parts(m.topk)
     with graph.inserting_before(m.topk):
@@ -164,9 +166,9 @@ def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch) -> None:
         if m.scale != 1.0:
             w = graph.call_function(aten.mul.Tensor, (w, m.scale))
         key, table, layout = _key_input(graph, m)
-        lengths_q, lengths_k = _lengths(graph, m, peel_mask(m.topk.args[0])[0])
+        lengths_q, lengths_k, starts = _lengths(graph, m, peel_mask(m.topk.args[0])[0], windows)
         fused = graph.call_function(torch.ops.ascend_dsa.lightning_indexer.default,
-                                    (q, key, w, lengths_q, lengths_k, table, None, None),
+                                    (q, key, w, lengths_q, lengths_k, table, None, None, starts),
                                     {"layout_key": layout, "sparse_count": m.count,
                                      "sparse_mode": 3 if m.mask is not None else 0})
         _replace_outputs(graph, m, fused, values_out, indices_out)
@@ -200,4 +202,5 @@ def _to_count(graph: torch.fx.Graph, m: IndexerMatch, part: torch.fx.Node, shape
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_matches(gm, {aten.topk.default}, match, rewrite, PATTERN)
+    windows = ctx.machine.dsa_key_starts
+    return fuse_matches(gm, {aten.topk.default}, match, functools.partial(rewrite, windows=windows), PATTERN)

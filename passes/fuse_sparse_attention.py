@@ -181,20 +181,20 @@ def _sparse_indices(graph: torch.fx.Graph, m: SparseMatch) -> torch.fx.Node:
     return graph.call_function(aten.reshape.default, (indices, shape))
 
 
-def _lengths(graph: torch.fx.Graph, m: SparseMatch) -> tuple[object, object]:
+def _lengths(graph: torch.fx.Graph, m: SparseMatch, windows: bool) -> tuple[object, object, object]:
     if m.position is not None:
         position = graph.call_function(aten.reshape.default, (m.position, [size_arg(graph, m.batch)]))
         position = graph.call_function(aten.add.Tensor, (position, 1))
-        return None, graph.call_function(aten._to_copy.default, (position,), {"dtype": torch.int32})
+        return None, graph.call_function(aten._to_copy.default, (position,), {"dtype": torch.int32}), None
     if m.mask is None:
-        return None, None
+        return None, None, None
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), size_arg(graph, m.keys)]
     rank = val(m.mask).dim()
     heads = [rank + i for i in m.head_dims if rank + i >= 0 and val(m.mask).shape[rank + i] == 1]
-    return causal_lengths_from_mask(graph, m.mask, shape, shape, m.mask_kind, heads)
+    return causal_lengths_from_mask(graph, m.mask, shape, shape, m.mask_kind, heads, windows)
 
 
-def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:
+def rewrite(gm: torch.fx.GraphModule, m: SparseMatch, windows: bool = False) -> None:
     graph, tracer = gm.graph, m.tracer
     with graph.inserting_before(m.anchor):
         q = materialize(graph, m.main.q, tracer.leaf_dims[m.main.q],
@@ -207,10 +207,11 @@ def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:
             k_rope, rope_table, rope_layout = _kv_input(graph, m, m.rope)
             if rope_layout != layout or strip_casts(rope_table) is not strip_casts(table):
                 raise NoMatch("key and rope key use different layouts or block tables")
-        lengths_q, lengths_kv = _lengths(graph, m)
+        lengths_q, lengths_kv, starts = _lengths(graph, m, windows)
         fused = graph.call_function(
             torch.ops.ascend_dsa.sparse_flash_attention.default,
-            (q, key, key, _sparse_indices(graph, m), m.scale, table, lengths_q, lengths_kv, q_rope, k_rope),
+            (q, key, key, _sparse_indices(graph, m), m.scale, table, lengths_q, lengths_kv, q_rope, k_rope, None,
+             None, starts),
             {"layout_kv": layout, "sparse_mode": 3})
         out = graph.call_function(operator.getitem, (fused, 0))
         out_dims = [tuple(m.batch), tuple(m.rows), tuple(m.heads), tuple(m.main.reduced)]
@@ -220,11 +221,13 @@ def rewrite(gm: torch.fx.GraphModule, m: SparseMatch) -> None:
     m.anchor.replace_all_uses_with(result)
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule, windows: bool) -> str:
     found = match(node)
-    rewrite(gm, found)
+    rewrite(gm, found, windows)
     return found.pattern
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm), "sparse attention")
+    windows = ctx.machine.dsa_key_starts
+    return fuse_each(gm, {aten.bmm.default, aten.mm.default}, lambda node: _fuse(node, gm, windows),
+                     "sparse attention")

@@ -35,7 +35,7 @@ def describe(target: str, device: str = "cpu") -> TargetDescription:
     on_cpu = target == "cpu"
     return TargetDescription(name=target, cost=profile, weight_form=preferred_form if on_cpu else None,
                              stream_device=None if device_type == "cpu" else device,
-                             channels_last_depthwise_conv=on_cpu)
+                             channels_last_depthwise_conv=on_cpu, dsa_key_starts=on_cpu)
 
 
 def _best_of(fn: Callable[[], object], repeat: int) -> float:

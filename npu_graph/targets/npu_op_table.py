@@ -33,7 +33,12 @@ def _lengths(lo: Lowering, a: dict[str, Any], *names: str) -> dict[str, Arg]:
     return {n: lo.tensor(a[n], torch.int32, _INT32) for n in names}
 
 
-def _lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission:
+_NO_KEY_STARTS = "key_starts (a left-padded batch) has no torch_npu counterpart"
+
+
+def _lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    if a.get("key_starts") is not None:
+        return _NO_KEY_STARTS
     query, key, dtype = a["query"], a["key"], half_dtype(a["query"])
     if a["query_scale"] is not None:
         query, key, dtype = (_dequant(lo, query, a["query_scale"], "dequant_mx", 32),
@@ -45,7 +50,9 @@ def _lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission:
     return lo.assign(lo.call("torch_npu.npu_lightning_indexer", args, kwargs))
 
 
-def _sparse_flash_attention(lo: Lowering, a: dict[str, Any]) -> Emission:
+def _sparse_flash_attention(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    if a.get("key_starts") is not None:
+        return _NO_KEY_STARTS
     out_dtype, dtype = lo.node.meta["val"][0].dtype, half_dtype(a["query"])
     key, value = a["key"], a["value"]
     if a["key_scale"] is not None:

@@ -37,12 +37,13 @@ def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
 
 
 def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_shape: list[object],
-                             flat_shape: list[object], kind: str, heads: list[int] | None = None
-                             ) -> tuple[torch.fx.Node, torch.fx.Node]:
+                             flat_shape: list[object], kind: str, heads: list[int] | None = None,
+                             windows: bool = False) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
     """Emit `ascend_dsa.causal_lengths` on a mask (kind: visible / invisible bool, or additive float) broadcast
     to the score (`score_shape`) and laid out as [batch, rows, keys] (`flat_shape`); returns the (query, key)
-    length nodes. `heads`: the mask's size-1 dims along attention heads, which the score does not have (a
-    [B, 1, S, K] attention mask); other dims the mask has beyond the score's are leading ones of size 1."""
+    length nodes and, with `windows` (the target's fused DSA ops take key starts), the key-start node, else
+    None. `heads`: the mask's size-1 dims along attention heads, which the score does not have (a [B, 1, S, K]
+    attention mask); other dims the mask has beyond the score's are leading ones of size 1."""
     rank = val(mask).dim()
     drop = sorted(heads or [])[:max(rank - len(score_shape), 0)]
     drop += [d for d in range(rank) if d not in drop][:max(rank - len(drop) - len(score_shape), 0)]
@@ -53,8 +54,9 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
     mask = graph.call_function(torch.ops.aten.expand.default, (mask, score_shape))
     if score_shape is not flat_shape:
         mask = graph.call_function(torch.ops.aten.reshape.default, (mask, flat_shape))
-    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, kind == "additive"))
-    return graph.call_function(operator.getitem, (lengths, 0)), graph.call_function(operator.getitem, (lengths, 1))
+    lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, kind == "additive", windows))
+    parts = [graph.call_function(operator.getitem, (lengths, i)) for i in range(3 if windows else 2)]
+    return parts[0], parts[1], parts[2] if windows else None
 
 
 def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[torch.fx.Node], str],

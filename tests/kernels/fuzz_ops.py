@@ -152,14 +152,15 @@ def fuzz_rotary_mul(data: st.DataObject) -> None:
 
 def fuzz_causal_lengths(data: st.DataObject) -> None:
     b, s1, s2 = data.draw(st.integers(1, 3)), data.draw(st.integers(0, 6)), data.draw(st.integers(0, 40))
-    additive, causal = data.draw(st.booleans()), data.draw(st.booleans())
-    _case("causal_lengths", b=b, s1=s1, s2=s2, additive=additive, causal=causal)
+    additive, causal, windows = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
+    start = data.draw(st.integers(0, s2))
+    _case("causal_lengths", b=b, s1=s1, s2=s2, additive=additive, causal=causal, windows=windows, start=start)
     seen = torch.arange(s2) <= (torch.arange(s1) + max(s2 - s1, 0)).unsqueeze(1)
-    mask = seen.expand(b, s1, s2).clone()
+    mask = (seen & (torch.arange(s2) >= start)).expand(b, s1, s2).clone()
     if not causal and mask.numel():
         mask.view(-1)[data.draw(st.integers(0, mask.numel() - 1))] ^= True
     mask = torch.zeros(mask.shape).masked_fill(~mask, -1e38) if additive else mask
-    _close(*_both(lambda: OPS.causal_lengths(mask, additive)), tol=0)
+    _close(*_both(lambda: OPS.causal_lengths(mask, additive, windows)), tol=0)
 
 
 def fuzz_skinny_mm(data: st.DataObject) -> None:

@@ -1,7 +1,8 @@
 """ascend_dsa::causal_lengths through the native check (kernels/native/causal_lengths.c) and through the torch
 path (ASCEND_DSA_NATIVE=0), both against the row-by-row reference: bool and additive masks, broadcast
-(stride-0) masks, more queries than keys, batches of different lengths; and the errors for masks that are not
-right-down causal or hold other additive values."""
+(stride-0) masks, more queries than keys, batches of different lengths, left-padded batches (windows=True: each
+row's key start); and the errors for masks that are not right-down causal, that start past key 0 without
+windows, or hold other additive values."""
 import pytest
 import torch
 from native_paths import native_and_torch
@@ -14,24 +15,27 @@ OP = torch.ops.ascend_dsa.causal_lengths
 path = native_and_torch(module.NATIVE_SOURCE)
 
 
-def causal_mask(key_lengths: list[int], rows: int, keys: int) -> torch.Tensor:
-    """Bool [B, rows, keys]: batch b's row t sees its first max(L_b - (rows - 1 - t), 0) keys."""
+def causal_mask(key_lengths: list[int], rows: int, keys: int, starts: list[int] | None = None) -> torch.Tensor:
+    """Bool [B, rows, keys]: batch b's row t sees keys [start_b, L_b - (rows - 1 - t)) (start 0 by default)."""
     t = torch.arange(rows).view(1, rows, 1)
     limit = torch.tensor(key_lengths).view(-1, 1, 1) - (rows - 1 - t)
-    return torch.arange(keys).view(1, 1, keys) < limit
+    first = torch.tensor(starts or [0] * len(key_lengths)).view(-1, 1, 1)
+    positions = torch.arange(keys).view(1, 1, keys)
+    return (positions < limit) & (positions >= first)
 
 
 def additive(mask: torch.Tensor, masked: float = float("-inf")) -> torch.Tensor:
     return torch.zeros(mask.shape).masked_fill(~mask, masked)
 
 
-def check(mask: torch.Tensor, is_additive: bool, path: str) -> None:
-    used = module._native_lengths(mask, is_additive) is not None
+def check(mask: torch.Tensor, is_additive: bool, path: str, windows: bool = False) -> tuple[torch.Tensor, ...]:
+    used = module._native_lengths(mask, is_additive, windows) is not None
     assert used == (path == "native" and mask.dtype in (torch.bool, torch.float32))
-    got_q, got_k = OP(mask, is_additive)
-    want_q, want_k = reference_causal_lengths(mask, is_additive)
-    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    assert got_q.dtype == got_k.dtype == torch.int32
+    got = OP(mask, is_additive, windows)
+    want = reference_causal_lengths(mask, is_additive, windows)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert all(g.dtype == torch.int32 for g in got)
+    return got
 
 
 @pytest.mark.parametrize(("lengths", "rows", "keys"), [
@@ -74,3 +78,30 @@ def test_other_additive_values_raise(path):
     mask[0, 0, 6] = -1.0
     with pytest.raises(FusedPreconditionError, match="0 \\(visible\\) or a very large negative"):
         OP(mask, True)
+
+
+@pytest.mark.parametrize(("lengths", "starts", "rows", "keys"), [
+    ([12, 12, 12], [0, 5, 8], 1, 12),        # decode of a left-padded batch
+    ([12, 12, 12], [0, 5, 8], 12, 12),       # its prefill: the padding's query rows see nothing
+    ([9, 16], [3, 0], 4, 16), ([7], [7], 3, 10)])
+@pytest.mark.parametrize("is_additive", [False, True])
+def test_left_padded_windows_give_each_row_its_start(lengths, starts, rows, keys, is_additive, path):
+    mask = causal_mask(lengths, rows, keys, starts)
+    got_q, got_k, got_start = check(additive(mask) if is_additive else mask, is_additive, path, windows=True)
+    seen = [s if n > s else 0 for s, n in zip(starts, lengths)]
+    assert got_start.tolist() == seen and got_k.tolist() == [n if n > s else 0 for s, n in zip(starts, lengths)]
+
+
+@pytest.mark.parametrize("is_additive", [False, True])
+def test_a_start_past_key_0_needs_windows(is_additive, path):
+    mask = causal_mask([9], 2, 9, [4])
+    with pytest.raises(FusedPreconditionError, match="not right-down causal"):
+        OP(additive(mask) if is_additive else mask, is_additive)
+
+
+@pytest.mark.parametrize("change", [flipped(0, 2, True), flipped(2, 6, False), flipped(0, 8, True)],
+                         ids=["padding_row_sees_a_key", "hole_in_window", "row_sees_too_much"])
+def test_windows_that_are_not_causal_raise(change, path):
+    mask = change(causal_mask([9], 3, 9, [4]))
+    with pytest.raises(FusedPreconditionError, match="not right-down causal"):
+        OP(mask, False, True)

@@ -164,7 +164,7 @@ def test_compile_config_is_skipped_on_cpu_by_default(tiny_transformers, compiles
 
 @pytest.mark.parametrize(("name", "tokens", "graphs"), [
     ("qwen3_moe", 8, 3),
-    pytest.param("deepseek_v32", 1, 1, marks=pytest.mark.xfail(strict=True, reason=DSA_LEFT_PADDING)),
+    ("deepseek_v32", 8, 3),
 ])
 def test_left_padded_batch_generates_eager_tokens_per_row(name, tokens, graphs, tiny_transformers, compiles,
                                                           recwarn):
@@ -182,8 +182,7 @@ def _matrix():
         for name in FAMILIES:
             yield pytest.param(name, idiom, id=f"{name}-{idiom}")
     for name in FAMILIES:
-        marks = [pytest.mark.xfail(strict=True, reason=DSA_LEFT_PADDING)] if name == "deepseek_v32" else []
-        yield pytest.param(name, "left_padded", id=f"{name}-left_padded", marks=marks)
+        yield pytest.param(name, "left_padded", id=f"{name}-left_padded")
 
 
 @pytest.mark.slow

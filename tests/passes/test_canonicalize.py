@@ -134,3 +134,27 @@ def test_permute_chains_compose_and_unit_dim_permutes_vanish(mode):
 def test_permute_that_moves_data_is_kept_before_a_view():
     gm, stats = run_pass(lambda x: x.permute(1, 0).reshape(-1) + 1, torch.randn(3, 4))
     assert "unit_permute_view" not in stats and aten.permute.default in targets(gm)
+
+
+def test_a_reshape_that_copies_a_permuted_tensor_is_kept_for_the_view_after_it():
+    """permute -> reshape back to its own shape (a contiguous copy) -> view that needs the copy: the reshapes are
+    neither no-ops nor collapsible into the view (the batched DSA decode graph of transformers' deepseek_v32)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from npu_graph.passes.matching.meta_refresh import refresh_meta
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    p = graph.call_function(aten.permute.default, (x, [1, 0, 2, 3]))
+    r1 = graph.call_function(aten.reshape.default, (p, [3, 4, 16]))
+    r2 = graph.call_function(aten.reshape.default, (r1, [12, 1, 16]))
+    v = graph.call_function(aten.view.default, (r2, [3, -1, 1, 16]))
+    t = graph.call_function(aten.transpose.int, (v, 1, 2))
+    graph.output(graph.call_function(aten.view.default, (t, [3, 64])))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x.meta["val"] = FakeTensorMode().from_tensor(torch.empty(4, 3, 1, 16))
+    refresh_meta(gm)
+    canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    gm.recompile()
+    real = torch.randn(4, 3, 1, 16)
+    torch.testing.assert_close(gm(real), real.permute(1, 0, 2, 3).reshape(3, 4, 1, 16).transpose(1, 2).reshape(3, 64))
