@@ -33,7 +33,7 @@ def imports_of(tree: ast.AST, package: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], base]).strip(".")
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
@@ -119,8 +119,8 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str]:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
                 return found
         state[node] = 2
         return []
