@@ -2,6 +2,7 @@
 options (nothing that reads tensor data, so the fake runs them too), the actual sequence lengths and block table
 read off the data, and which keys each query row sees. The sparse flash attention op shares the layout checks."""
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -37,18 +38,33 @@ def check_dtype(op: str, name: str, t: Tensor, dtypes: tuple[torch.dtype, ...]) 
         require_dtype(op, name, t, dtypes)
 
 
-def _check_scale(x: Tensor, scale: Tensor | None, x_name: str, scale_name: str) -> None:
+@dataclass(frozen=True)
+class ScaleForm:
+    """How a float8 tensor's scales are laid out: one per `group` values of the last dim (`dim`)."""
+
+    group: int
+    dtypes: tuple[torch.dtype, ...]
+    what: str
+    dim: str
+
+
+MX_SCALES = ScaleForm(MX_GROUP, SCALE_DTYPES, f"MXFP8, one e8m0 scale per {MX_GROUP} values along D", "D")
+
+
+def check_fp8_scale(op: str, x: Tensor, scale: Tensor | None, x_name: str, scale_name: str, form: ScaleForm) -> None:
+    """`scale` is given exactly when `x` is float8_e4m3fn, with `form`'s dtype and shape."""
     if x.dtype != FP8:
-        require(scale is None, f"{OP}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
+        require(scale is None, f"{op}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
                                f"`{x_name}` is {x.dtype}")
         return
-    require(scale is not None, f"{OP}: float8_e4m3fn `{x_name}` needs `{scale_name}` (MXFP8, one e8m0 "
-                               f"scale per {MX_GROUP} values along D)")
-    check_dtype(OP, scale_name, scale, SCALE_DTYPES)
+    require(scale is not None, f"{op}: float8_e4m3fn `{x_name}` needs `{scale_name}` ({form.what})")
+    check_dtype(op, scale_name, scale, form.dtypes)
     d = x.shape[-1]
-    require(d % MX_GROUP == 0, f"{OP}: head dim D={d} of float8 `{x_name}` is not a multiple of {MX_GROUP}")
-    want = (*x.shape[:-1], d // MX_GROUP)
-    require_same(OP, f"shape of `{scale_name}` and the expected [..., D/{MX_GROUP}]", tuple(scale.shape), want)
+    require(d % form.group == 0,
+            f"{op}: head dim {form.dim}={d} of float8 `{x_name}` is not a multiple of {form.group}")
+    want = (*x.shape[:-1], d // form.group)
+    require_same(op, f"shape of `{scale_name}` and the expected [..., {form.dim}/{form.group}]", tuple(scale.shape),
+                 want)
 
 
 def check_lengths(op: str, lengths: Tensor | None, name: str, batch: int) -> None:
@@ -114,8 +130,8 @@ def _check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_length
     require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "
                                     f"returns address at most {INT32_MAX}")
     require_same(OP, "shape of `weights` and [B,S1,N1] of `query`", tuple(weights.shape), (batch, s1, n1))
-    _check_scale(query, query_scale, "query", "query_scale")
-    _check_scale(key, key_scale, "key", "key_scale")
+    check_fp8_scale(OP, query, query_scale, "query", "query_scale", MX_SCALES)
+    check_fp8_scale(OP, key, key_scale, "key", "key_scale", MX_SCALES)
     check_key_layout(OP, key, block_table, layout_key, "layout_key", batch)
     check_lengths(OP, actual_seq_lengths_query, "actual_seq_lengths_query", batch)
     check_lengths(OP, actual_seq_lengths_key, "actual_seq_lengths_key", batch)

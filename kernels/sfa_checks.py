@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels.checks import require, require_choice, require_positive, require_rank, require_same
-from npu_graph.kernels.indexer_checks import check_dtype, check_key_layout, check_lengths
+from npu_graph.kernels.indexer_checks import ScaleForm, check_dtype, check_fp8_scale, check_key_layout, check_lengths
 
 OP = "sparse_flash_attention"
 LAYOUTS_QUERY = ("BSND",)
@@ -16,20 +16,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KV_DTYPES = (*FLOAT_DTYPES, FP8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 KV_TILE = 128             # values of a token that share one fp8 scale
-
-
-def _check_kv_scale(x: Tensor, scale: Tensor | None, x_name: str, scale_name: str) -> None:
-    if x.dtype != FP8:
-        require(scale is None, f"{OP}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
-                               f"`{x_name}` is {x.dtype}")
-        return
-    require(scale is not None, f"{OP}: float8_e4m3fn `{x_name}` needs `{scale_name}` (fp32, one scale per "
-                               f"token and {KV_TILE} values)")
-    check_dtype(OP, scale_name, scale, (torch.float32,))
-    d = x.shape[-1]
-    require(d % KV_TILE == 0, f"{OP}: head dim Dl={d} of float8 `{x_name}` is not a multiple of {KV_TILE}")
-    want = (*x.shape[:-1], d // KV_TILE)
-    require_same(OP, f"shape of `{scale_name}` and the expected [..., Dl/{KV_TILE}]", tuple(scale.shape), want)
+KV_SCALES = ScaleForm(KV_TILE, (torch.float32,), f"fp32, one scale per token and {KV_TILE} values", "Dl")
 
 
 def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope: Tensor | None) -> None:
@@ -72,8 +59,8 @@ def check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
                  (batch, s1, 1))
     require(sparse_indices.shape[3] > 0, f"{OP}: `sparse_indices` selects no keys (last dim is 0)")
     _check_rope(query, key, query_rope, key_rope)
-    _check_kv_scale(key, key_scale, "key", "key_scale")
-    _check_kv_scale(value, value_scale, "value", "value_scale")
+    check_fp8_scale(OP, key, key_scale, "key", "key_scale", KV_SCALES)
+    check_fp8_scale(OP, value, value_scale, "value", "value_scale", KV_SCALES)
     check_key_layout(OP, key, block_table, layout_kv, "layout_kv", batch)
     check_lengths(OP, actual_seq_lengths_query, "actual_seq_lengths_query", batch)
     check_lengths(OP, actual_seq_lengths_kv, "actual_seq_lengths_kv", batch)
