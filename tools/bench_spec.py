@@ -3,8 +3,8 @@
 The model is the trained stdlib-mtp checkpoint (`ascend-dsa train --config stdlib-mtp`: the stdlib model with its MTP
 head trained with it), trained first when absent, given room for the context (`--context`, default 4096; 256 with
 `--quick`: max_context grows, the weights are the same). Prompts are held-out stdlib windows that fill the context
-but for the new tokens; they are prefilled once per mode (in chunks, npu_graph.generate.prefill) and every run
-decodes from a copy of the caches. For eager and
+but for the new tokens; they are prefilled once (compiled, in chunks: npu_graph.generate.prefill) and every run,
+eager or compiled, decodes from a copy of those caches. For eager and
 compiled (backend ascend_dsa) decoding: plain greedy once, then per k = 1..4 speculative decoding with the MTP
 head's drafts (checkpoint rollback; eager also replay) — the `rows` — and with oracle drafts (the plain greedy
 tokens: every draft accepted, the speed a perfect draft head would reach at this verify cost) — `oracle_rows`,
@@ -111,11 +111,11 @@ def spec_row(plain: Decoder, decoder: Decoder, prompts: Prefilled, steps: int, k
             "round_in_decode_steps": sum(split.values()) / decode_ms}
 
 
-def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool, repeat: int
+def rows_for(model: HybridLM, prefilled: Prefilled, steps: int, compiled: bool, repeat: int
              ) -> list[dict[str, Any]]:
-    """Speculative rows of one mode (eager or compiled), each against plain greedy decoding timed beside it."""
+    """Speculative rows of one mode (eager or compiled) from the prompts' caches `prefilled`, each against plain
+    greedy decoding timed beside it."""
     plain = Decoder(model, compiled=compiled, options=OPTIONS)
-    prefilled = plain.prefill(prompts, draft=True)              # compiled: the prefill graphs
     plain.greedy(prefilled, 3)                                  # compiled: the decode step
     truth = plain.greedy(prefilled, steps + max(KS))
     rows = []
@@ -123,7 +123,7 @@ def rows_for(model: HybridLM, prompts: torch.Tensor, steps: int, compiled: bool,
         for drafts, rollback in (("mtp", "checkpoint"), ("mtp", "replay"), ("oracle", "checkpoint")):
             if compiled and rollback == "replay":
                 continue
-            decoder = (OracleDecoder(model, truth, prompts.shape[1], compiled=compiled, options=OPTIONS)
+            decoder = (OracleDecoder(model, truth, prefilled.width, compiled=compiled, options=OPTIONS)
                        if drafts == "oracle" else Decoder(model, compiled=compiled, options=OPTIONS))
             row = spec_row(plain, decoder, prefilled, steps, k, rollback, truth, repeat)
             rows.append({**row, "drafts": drafts})
@@ -139,11 +139,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeat = args.repeat or 3
     trained, source = load_model()
     model = with_context(trained, context)
-    prompts = heldout_prompts(batch, context - steps)
+    with progress.step(f"prefill of {batch} prompts of {context - steps} tokens (compiled)", "bench spec"):
+        prefilled = Decoder(model, compiled=True, options=OPTIONS).prefill(heldout_prompts(batch, context - steps),
+                                                                          draft=True)
     measured = []
     for compiled in (False, True):
         with progress.step(f"{'compiled' if compiled else 'eager'} plain and speculative decoding", "bench spec"):
-            measured += rows_for(model, prompts, steps, compiled, repeat)
+            measured += rows_for(model, prefilled, steps, compiled, repeat)
     notes = [f"model: {source}; {batch} held-out prompts of {context - steps} bytes, {steps} new tokens each "
              f"({context} context), fp32",
              "rows: the MTP head's drafts; oracle_rows (a table of their own, not rows): plain greedy's tokens as "

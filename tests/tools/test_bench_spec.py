@@ -24,8 +24,9 @@ def test_with_context_keeps_the_weights_and_the_tokens():
 
 def test_rows_decode_plain_greedy_tokens_with_their_cost_split(monkeypatch):
     monkeypatch.setattr(bench_spec, "KS", (2,))
+    model = bench_spec.with_context(mtp_model(), 30)
     prompts = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
-    rows = bench_spec.rows_for(bench_spec.with_context(mtp_model(), 30), prompts, 8, compiled=False, repeat=1)
+    rows = bench_spec.rows_for(model, Decoder(model).prefill(prompts, draft=True), 8, compiled=False, repeat=1)
     assert [(r["rollback"], r["drafts"]) for r in rows] == [("checkpoint", "mtp"), ("replay", "mtp"),
                                                             ("checkpoint", "oracle")]
     assert all(r["identical"] and not r["compiled"] for r in rows)
