@@ -1,16 +1,17 @@
-"""Native scoring for `ascend_dsa::lightning_indexer` decode rows (kernels/native/lightning_indexer.c, built at
-first use by kernels/native.py).
+"""Native scoring and top-K for `ascend_dsa::lightning_indexer` query rows (kernels/native/lightning_indexer.c,
+built at first use by kernels/native.py).
 
 For one query token it computes score[s] = Σ_j w_j·ReLU(q_j·k_s) for every visible key s in fp32, straight
 from the stored fp32 / bf16 / fp16 keys (BSND rows or a paged cache through its block table): no fp32 copy
 of the keys and no [heads × keys] matrix. bf16 query and keys use bf16 dot products on CPUs that have them
-(AVX512-BF16: each product is exact in fp32 and the sums are fp32, as in an fp32 GEMM); elsewhere the keys
-are converted in registers and scored with fp32 fused multiply-adds. The top-K of these scores is the top-K
-of the definition (no prefilter margins needed).
+(AVX512-BF16: each product is exact in fp32 and the sums are fp32, as in an fp32 GEMM); elsewhere chunks of keys
+are widened to fp32 and scored with fp32 fused multiply-adds. The top-K of these scores is the top-K of the
+definition (no prefilter margins needed), selected natively (kernels/native/topk_select.h). The keys of a row are
+shared between the calling thread and torch.get_num_threads() - 1 helper threads (kernels/native/work_share.h).
 
-`row_scorer` returns None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the inputs
-are not ones it reads (fp8 keys, keys whose head dim is not contiguous): the caller keeps its torch
-path then.
+`row_topk` and `row_scorer` return None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the
+inputs are not ones it reads (fp8 keys, keys whose head dim is not contiguous): the caller keeps its torch path
+then.
 """
 import ctypes
 import functools
@@ -78,7 +79,7 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
         q, w = q_row.contiguous(), w_row.float().contiguous()      # the kernel reads q in its stored dtype
         out = torch.empty(limit, dtype=torch.float32, device="cpu")
         if fn(*keys_of(b), limit, q.data_ptr(), native.DTYPE_CODES[q.dtype], w.data_ptr(), heads, dim, bf16_dot,
-              out.data_ptr()):
+              torch.get_num_threads(), out.data_ptr()):
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
         return out
 
@@ -120,8 +121,9 @@ def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Te
         scores = scratch("li_native/scores", (limit,), torch.float32)
         row = (b * indices.shape[1] + t) * k
         status = fn(*keys_of(b), limit, q.data_ptr() + (b * q.stride(0) + t * q.stride(1)) * q_item, q_code,
-                    w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot, k,
-                    scores.data_ptr(), indices.data_ptr() + row * 4, values.data_ptr() + row * 4)
+                    w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot,
+                    torch.get_num_threads(), k, scores.data_ptr(), indices.data_ptr() + row * 4,
+                    values.data_ptr() + row * 4)
         if status < 0:
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}, top {k}")
         if status:      # equal scores straddle the cut: torch.topk decides

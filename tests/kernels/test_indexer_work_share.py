@@ -1,0 +1,70 @@
+"""The indexer kernel's work sharing (kernels/native/work_share.h): the keys of a row split between the calling thread
+and helper threads give the very scores one thread gives, at every instruction-set level; two Python threads
+calling at once (one of them finds the helpers busy and works alone) both get theirs; a forked child (its helper
+threads were not copied) still scores."""
+import multiprocessing
+import threading
+
+import pytest
+import torch
+from test_lightning_indexer import make_inputs, scores_of
+
+from npu_graph.kernels import lightning_indexer_native as li_native
+from npu_graph.kernels import native
+
+LOADED, WHY = native.available(li_native.NATIVE_SOURCE)
+pytestmark = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
+KEYS = 6000         # 13 chunks of 480 keys, enough work to be shared (64 heads of dim 128)
+
+
+def scores(q, key, w, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return li_native.row_scorer(q, key, None)(0, KEYS, q[0, 0], w[0, 0])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_scores_equal_one_thread(dtype, isa_level):
+    q, key, w = make_inputs(1, 1, 64, 128, KEYS, dtype, seed=5)
+    alone = scores(q, key, w, 1)
+    for threads in (2, 3):
+        assert torch.equal(scores(q, key, w, threads), alone)
+    torch.testing.assert_close(alone, scores_of(q, key, w)[0, 0], rtol=1e-5, atol=1e-4)
+
+
+def test_two_callers_at_once():
+    inputs = [make_inputs(1, 1, 64, 128, KEYS, torch.bfloat16, seed=seed) for seed in (1, 2)]
+    want = [scores(*args, 1) for args in inputs]
+    got: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+
+    def call(i):
+        for _ in range(20):
+            got[i].append(li_native.row_scorer(inputs[i][0], inputs[i][1], None)(0, KEYS, inputs[i][0][0, 0],
+                                                                                 inputs[i][2][0, 0]))
+    threads = [threading.Thread(target=call, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (0, 1):
+        assert len(got[i]) == 20 and all(torch.equal(g, want[i]) for g in got[i])
+
+
+def _child_scores(queue, q, key, w):
+    """In the child only the kernel runs: torch's own OpenMP pool is not usable after fork."""
+    queue.put(li_native.row_scorer(q, key, None)(0, KEYS, q[0, 0], w[0, 0]).tolist())
+
+
+def test_forked_child_scores_without_helpers():
+    q, key, w = make_inputs(1, 1, 64, 128, KEYS, torch.bfloat16, seed=3)
+    want = scores(q, key, w, 2)             # the parent's helpers are running
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_scores, args=(queue, q, key, w))
+    child.start()
+    got = torch.tensor(queue.get(timeout=60))
+    child.join(timeout=60)
+    assert child.exitcode == 0 and torch.equal(got, want)
