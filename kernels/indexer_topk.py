@@ -7,17 +7,18 @@ one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a matvec with the we
 running top-K: score memory is bounded by SCORE_BUDGET whatever the context length (a decode row's 16 heads × 16K
 keys fit in one chunk; a prefill block's do not).
 
-Decode rows (at most PREFILTER_MAX_ROWS of kernels/lightning_indexer.py valid query rows in a batch) of
-fp32/bf16/fp16 inputs are scored by a native kernel when it is built (kernels/lightning_indexer_native.py): the fp32
-score of every visible key read straight from the stored keys, then one top-K. Without it, such rows (bf16 query and
-keys, more than 2K visible keys) on a CPU with native bf16 dot products (AVX512-BF16: there a bf16 GEMM is ~2x an
-fp32 one; elsewhere it is emulated) take a prefilter instead: one bf16 GEMM over all keys (fp32 accumulation, each
-dot product q_j·k rounded once to bf16, unit roundoff u = 2^-8) and a small one over its ReLU give every key an
-approximate score A and Bnd = Σ_j |w_j|·ReLU(q_j·k). Those roundings (and the weights', when they are not bf16
-already) move A by at most 2u·Bnd (3u·Bnd) from the fp32 score, so e = 2.1u·Bnd (3.1u·Bnd) bounds the error. τ, a
-value at or below the K-th largest A − e (read off a sample and checked by a count), is reached by at least K true
-scores, so every key with A + e < τ is out of the top K. The candidates left (K plus those within the margins) are
-gathered and scored in fp32, and the top K among them is exactly the top K of the definition, values included.
+Where the native kernel is built and takes the inputs (kernels/lightning_indexer_native.py: fp32/bf16/fp16 keys),
+kernels/dispatch.py times it against these paths per shape class and keeps the faster: it scores every visible key
+of a row in fp32 straight from the stored keys, then one top-K. Without it, decode rows (at most PREFILTER_MAX_ROWS
+of kernels/lightning_indexer.py valid query rows in a batch; bf16 query and keys, more than 2K visible keys) on a
+CPU with native bf16 dot products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take
+a prefilter instead: one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16,
+unit roundoff u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j
+|w_j|·ReLU(q_j·k). Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd
+(3u·Bnd) from the fp32 score, so e = 2.1u·Bnd (3.1u·Bnd) bounds the error. τ, a value at or below the K-th largest A
+− e (read off a sample and checked by a count), is reached by at least K true scores, so every key with A + e < τ is
+out of the top K. The candidates left (K plus those within the margins) are gathered and scored in fp32, and the top
+K among them is exactly the top K of the definition, values included.
 Large temporaries (gathered rows, fp32 copies) live in per-thread scratch buffers reused across calls.
 """
 import math

@@ -37,7 +37,7 @@ from npu_graph.kernels.indexer_reference import reference_lightning_indexer as r
 from npu_graph.kernels.indexer_topk import KEY_CHUNK, SCORE_BUDGET, prefiltered_topk, streamed_topk
 from npu_graph.kernels.key_windows import check_starts, has_padding, indexer_by_row
 
-PREFILTER_MAX_ROWS = 8    # a batch with more valid query rows uses the streamed path
+PREFILTER_MAX_ROWS = 8    # the bf16 prefilter takes batches of at most this many valid query rows
 BF16_PREFILTER = ONEDNN_BF16   # decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer_topk.py)
 
 
@@ -67,9 +67,9 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                            actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
                            query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
                            sparse_mode: int) -> tuple[Tensor, Tensor]:
-    """Decode rows (at most PREFILTER_MAX_ROWS valid query rows in a batch) go one by one through the native
-    kernel, which writes each row's top-K into the outputs, when it takes the inputs; the rest through
-    `_batch_topk`."""
+    """Query rows go one by one through the native kernel, which writes each row's top-K into the outputs, when
+    it takes the inputs (kernels/dispatch.py has measured it faster for this shape class, decode or prefill);
+    otherwise through the torch paths of `_batch_topk`."""
     lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
                               actual_seq_lengths_key, "actual_seq_lengths_key")
     w = weights.float()
@@ -81,7 +81,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     keys = None
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
-        if top_row is not None and len(limits) <= PREFILTER_MAX_ROWS:
+        if top_row is not None:
             for t, limit in enumerate(limits):
                 if limit:
                     top_row(b, t, limit, indices, values)
@@ -124,10 +124,9 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
 
 def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,
                  query_scale: Tensor | None = None, key_scale: Tensor | None = None, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a call the native scorer takes (decode-sized rows of
-    unscaled keys it reads), else None."""
-    if query_scale is not None or key_scale is not None or query.shape[1] > PREFILTER_MAX_ROWS \
-            or not lightning_indexer_native.takes(query, key):
+    """The shape class kernels/dispatch.py measures for a call the native scorer takes (unscaled keys it reads;
+    decode and prefill rows alike), else None."""
+    if query_scale is not None or key_scale is not None or not lightning_indexer_native.takes(query, key):
         return None
     positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
     return dispatch.shape_class(query.dtype, key.dtype, block_table is not None, *query.shape[1:], positions)
