@@ -41,7 +41,7 @@
 #define TILE_MAX 8
 #define TILE_KEYS(nb) ((NREG - 1 - (nb)) / (nb) < TILE_MAX ? (NREG - 1 - (nb)) / (nb) : TILE_MAX)
 #define KC 48      /* keys widened to fp32 at a time: a multiple of every TILE_KEYS (6 and 8) */
-#define KC_ALIGN 24
+#define KC_ALIGN 24   /* a chunk's rows are zero-padded to a multiple of this: of every TILE_KEYS too */
 #define CHUNK 480  /* keys per unit of work, a multiple of KC: threads take chunks as they come (a thread still
                       waking up takes fewer, or none) */
 #define PARALLEL_MIN_MACS (1 << 22)   /* below ~0.1 ms of work the calling thread scores every key: waking a
