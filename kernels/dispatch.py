@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from torch.autograd import profiler as autograd_profiler
 
 from npu_graph.cache import trust
-from npu_graph.kernels import cpu_isa, env_settings, native
+from npu_graph.kernels import call_plans, cpu_isa, env_settings, native
 
 T = TypeVar("T")
 ROUNDS = 10         # at most this many timed rounds of each path (after one warm-up round) ...
@@ -81,6 +81,7 @@ def take_used() -> str:
     calls that went through `run` since the last take ran, for the benchmarks' rows."""
     taken = ", ".join(f"{op}: {'+'.join(sorted(impls))}" for op, impls in sorted(_used.items())) or "-"
     _used.clear()
+    call_plans.clear_all()                  # a planned call does not note what it ran: the next one plans again
     return taken
 
 
@@ -169,6 +170,15 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
         with autograd_profiler.record_function(f"ascend_dsa::{op}/{known[1]}"):
             return chosen()
     return chosen()
+
+
+def known(op: str, cls: tuple) -> str | None:
+    """What `run` takes for this class now without measuring, "native" or "torch"; None until it has run once for
+    the class in this process (kernels/call_plans stores a plan only then)."""
+    if mode() == "force":
+        return "native"
+    found = _known.get((op, cpu_isa.active(), cls))
+    return None if found is None else found[0]
 
 
 def torch_path(fn: Callable[[], T]) -> Callable[[], T]:

@@ -16,22 +16,34 @@ SWITCH = "ASCEND_DSA_NATIVE"
 ISA = "ASCEND_DSA_CPU_ISA"
 CFLAGS = "ASCEND_DSA_NATIVE_CFLAGS"     # extra compiler flags (e.g. sanitizers), part of the library's key
 NAMES = (SWITCH, ISA, CFLAGS)
-_THREAD = threading.local()
+class _ThreadState(threading.local):
+    values: dict[str, str | None] | None = None     # class defaults: a missing thread-local attribute costs an
+    token: tuple[str | None, ...] | None = None     # exception inside getattr (~1.5 us)
+
+
+_THREAD = _ThreadState()
 
 
 def get(name: str, default: str | None = None) -> str | None:
     """os.environ.get(name, default) for one of NAMES, as read when the innermost `frozen()` began."""
-    values = getattr(_THREAD, "values", None)
+    values = _THREAD.values
     value = os.environ.get(name) if values is None else values[name]
     return default if value is None else value
 
 
+def token() -> tuple[str | None, ...]:
+    """The values of NAMES as `get` reads them, as one hashable value (kernels/call_plans keys plans by it)."""
+    values = _THREAD.token
+    return tuple(map(os.environ.get, NAMES)) if values is None else values
+
+
 @contextlib.contextmanager
 def frozen() -> Iterator[None]:
-    """Inside, `get` on this thread returns the settings as they were on entry."""
-    before = getattr(_THREAD, "values", None)
+    """Inside, `get` and `token` on this thread return the settings as they were on entry."""
+    before = _THREAD.values, _THREAD.token
     _THREAD.values = {name: os.environ.get(name) for name in NAMES}
+    _THREAD.token = tuple(_THREAD.values.values())
     try:
         yield
     finally:
-        _THREAD.values = before
+        _THREAD.values, _THREAD.token = before

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native, native_prototypes
+from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "skinny_mm"
@@ -53,20 +53,62 @@ def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
             and not ((x.requires_grad or w.requires_grad) and torch.is_grad_enabled()))
 
 
+def _signature(x: Tensor, w: Tensor) -> tuple:
+    """Everything `_takes` and a plan read (kernels/call_plans)."""
+    return (x.shape, x.stride(), x.dtype, x.is_cpu, w.shape, w.stride(), w.dtype, w.is_cpu,
+            (x.requires_grad or w.requires_grad) and torch.is_grad_enabled())
+
+
+def _torch_mm(x: Tensor, w: Tensor) -> Tensor:
+    return _aten_mm(x, w)
+
+
+def _torch_linear(x: Tensor, w: Tensor) -> Tensor:
+    return F.linear(x, w)
+
+
+def _native_plan(kernel: Callable[..., int], x: Tensor, w: Tensor, w_inner: int) -> Callable[[Tensor, Tensor], Tensor]:
+    """The native product for calls of x's and w's signature: sizes and strides fixed, one output allocation
+    and the entry call (x @ w for w_inner 0, x @ w.T for 1); a failed status (sm_mm's) falls back to aten.mm."""
+    rows, inner = x.shape
+    x_stride, w_stride, cols = x.stride(0), w.stride(0), w.shape[1 - w_inner]
+
+    def plan(x: Tensor, w: Tensor) -> Tensor:
+        y = torch.empty(rows, cols, dtype=_F32, device="cpu")
+        status = kernel(x.data_ptr(), rows, inner, x_stride, w.data_ptr(), w_stride, cols, y.data_ptr())
+        return y if not status else _aten_mm(x, w)
+
+    return plan
+
+
+def _planned(plans: call_plans.Plans, signature: tuple, result: Tensor, cls: tuple,
+             native_plan: Callable[[], Callable[[Tensor, Tensor], Tensor]],
+             torch_plan: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """result, after storing the plan of dispatch's choice for the class (once it has one)."""
+    impl = dispatch.known(plans.op, cls)
+    if impl is not None:
+        plans.put(signature, native_plan() if impl == "native" else torch_plan)
+    return result
+
+
+_MM_PLANS = call_plans.Plans("skinny_mm")
+_LINEAR_PLANS = call_plans.Plans("skinny_linear")
+
+
 def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
-    """x @ w through the native kernel where it applies and kernels/dispatch.py measured it faster, else aten.mm."""
+    """x @ w through the native kernel where it applies and kernels/dispatch.py measured it faster, else aten.mm:
+    decided once per signature (kernels/call_plans)."""
+    signature = _signature(x, w)
+    plan = _MM_PLANS.get(signature)
+    if plan is not None:
+        return plan(x, w)
     if not _takes(x, w, 0):
+        _MM_PLANS.put(signature, _torch_mm)
         return _aten_mm(x, w)
-
-    def native_mm() -> Tensor:
-        rows, inner = x.shape
-        y = torch.empty(rows, w.shape[1], dtype=_F32, device="cpu")
-        if kernel(x.data_ptr(), rows, inner, x.stride(0), w.data_ptr(), w.stride(0), w.shape[1], y.data_ptr()) == 0:
-            return y
-        return _aten_mm(x, w)
-
     cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1])
-    return dispatch.run("skinny_mm", NATIVE_SOURCE, cls, native_mm, lambda: _aten_mm(x, w))
+    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 0)(x, w),
+                          lambda: _aten_mm(x, w))
+    return _planned(_MM_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 0), _torch_mm)
 
 
 def mm(x: Tensor, w: Tensor) -> Tensor:
@@ -78,19 +120,20 @@ def mm(x: Tensor, w: Tensor) -> Tensor:
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T for x [M, K] and a linear layer's weight w [N, K] (F.linear without bias), through the native
-    kernel where it applies, else F.linear."""
+    kernel where it applies, else F.linear; decided once per signature (kernels/call_plans)."""
+    signature = _signature(x, w)
+    plan = _LINEAR_PLANS.get(signature)
+    if plan is not None:
+        return plan(x, w)
     loaded = native.load(NATIVE_SOURCE)
     if not (loaded and _takes(x, w, 1)):
+        _LINEAR_PLANS.put(signature, _torch_linear)
         return F.linear(x, w)
-
-    def native_linear() -> Tensor:
-        y = torch.empty(x.shape[0], w.shape[0], dtype=_F32, device="cpu")
-        _typed(loaded.lib)[1](x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(), w.stride(0),
-                              w.shape[0], y.data_ptr())
-        return y
-
+    kernel = _typed(loaded.lib)[1]
     cls = dispatch.shape_class(*x.shape, w.shape[0])
-    return dispatch.run("skinny_linear", NATIVE_SOURCE, cls, native_linear, lambda: F.linear(x, w))
+    result = dispatch.run("skinny_linear", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 1)(x, w),
+                          lambda: F.linear(x, w))
+    return _planned(_LINEAR_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 1), _torch_linear)
 
 
 def native_callable() -> Callable[..., Any] | None:

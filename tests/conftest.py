@@ -1,10 +1,12 @@
-"""Shared test fixtures: the native kernels forced on, a clean Dynamo state per test, a temporary dump folder,
+"""Shared test fixtures: the native kernels forced on, a clean Dynamo state and no kernel call plans per test
+(kernels/call_plans: a test may patch what a plan was decided from), a temporary dump folder,
 and tiny random-config transformers models (no downloads)."""
 import os
 
 import pytest
 import torch
 
+from npu_graph.kernels import call_plans
 from npu_graph.models.tiny_transformers import build_tiny
 
 # Native kernels wherever they apply (kernels/dispatch.py's "force" mode), so every test knows which path ran and
@@ -15,6 +17,7 @@ os.environ.setdefault("ASCEND_DSA_NATIVE", "1")
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
+    call_plans.clear_all()
     yield
     torch._dynamo.reset()
 

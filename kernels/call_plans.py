@@ -1,0 +1,64 @@
+"""Per-signature call plans: what a fused op's call of one signature runs, decided once.
+
+A fused op's CPU path makes decisions at every call that depend only on the call's signature (shapes, strides,
+dtypes, options) and the native settings: which path applies, which implementation kernels/dispatch.py measured
+faster for the shape class, and the sizes, strides and output shapes the native entry takes. A decode step
+repeats a few signatures dozens of times, and at decode sizes those decisions cost more than the math (the
+tiny DeepSeek-V3.2's rms_norm: ~15 Python and torch calls of set-up around a 64-value kernel).
+
+An op keeps a `Plans`: the first call of a signature takes the full path and then stores the plan, a callable
+with those decisions made and the native entry's arguments precomputed; every later call of the signature is
+one dictionary lookup and the plan. A signature must hold everything the decisions read (the plan is right for
+every call that has it). Plans are keyed by the native settings too (`settings()`: ASCEND_DSA_NATIVE, the
+level, the extra compiler flags, and a dispatch measurement's torch path on this thread), so changing them
+takes effect at the next call as before. A plan is stored only once dispatch has a choice for its class
+(`dispatch.known`). While a profiler records, no plan is used: the full path records its events.
+Argument checks are not cached here (inside a compiled graph the static ones are skipped already); checks on
+data stay in the plans.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from torch.autograd import profiler as autograd_profiler
+
+from npu_graph.kernels import env_settings, native
+
+MAX_PLANS = 1024        # per op; a full table starts over (a growing cache length makes a signature per step)
+_ALL: list[Plans] = []
+
+
+def settings() -> tuple[Any, ...]:
+    """What every plan depends on besides its signature (module docstring)."""
+    return env_settings.token(), native.is_disabled()
+
+
+class Plans:
+    """The plans of one op, by signature (module docstring)."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self._plans: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        _ALL.append(self)
+
+    def get(self, signature: Hashable) -> Callable[..., Any] | None:
+        """The plan stored for `signature` under the current settings, or None (then take the full path)."""
+        if autograd_profiler._is_profiler_enabled:
+            return None
+        return self._plans.get((settings(), signature))
+
+    def put(self, signature: Hashable, plan: Callable[..., Any]) -> None:
+        """Store `plan` for `signature` under the current settings."""
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[(settings(), signature)] = plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def clear_all() -> None:
+    """Forget every op's plans: the next call of each signature takes the full path again."""
+    for plans in _ALL:
+        plans._plans.clear()
