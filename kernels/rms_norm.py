@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native, native_prototypes
+from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.kernels.checks import require, require_dtype, require_same, static_checks_needed
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -84,13 +84,20 @@ def _native_kernel(x: Tensor) -> Callable[..., None] | None:
     return None if x.dtype == torch.float16 and not has_f16 else fn
 
 
-def _native_few_rows(fn: Callable[..., None], x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """The native kernel's result (module docstring)."""
+def _native_plan(fn: Callable[..., None], x: Tensor, gamma: Tensor) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The native kernel's result (module docstring) for calls of x's and gamma's signature: sizes, dtype code
+    and rstd's shape fixed, gamma passed as it is when it is contiguous fp32."""
     n = gamma.numel()
-    g = gamma.float().reshape(n).contiguous()
-    y, rstd = torch.empty_like(x), torch.empty(x.numel() // n if n else 0, dtype=torch.float32, device="cpu")
-    fn(x.data_ptr(), native.DTYPE_CODES[x.dtype], rstd.numel(), n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
-    return y, rstd.view(_rstd_shape(x.shape, gamma.dim()))
+    rows, code, rstd_shape = x.numel() // n if n else 0, native.DTYPE_CODES[x.dtype], _rstd_shape(x.shape, gamma.dim())
+    gamma_as_is = gamma.dtype == torch.float32 and gamma.is_contiguous()
+
+    def plan(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        g = gamma if gamma_as_is else gamma.float().reshape(n).contiguous()
+        y, rstd = torch.empty_like(x), torch.empty(rstd_shape, dtype=torch.float32, device="cpu")
+        fn(x.data_ptr(), code, rows, n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
+        return y, rstd
+
+    return plan
 
 
 def _torch_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -114,21 +121,37 @@ def _shape_class(x: Tensor, gamma: Tensor) -> tuple:
     return dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
 
 
-def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+def _signature(x: Tensor, gamma: Tensor) -> tuple:
+    """Everything the few-rows path decides from (kernels/call_plans)."""
+    return x.shape, x.stride(), x.dtype, x.is_cpu, gamma.shape, gamma.stride(), gamma.dtype
+
+
+_PLANS = call_plans.Plans("rms_norm")
+_ADD_PLANS = call_plans.Plans("add_rms_norm")
+
+
+def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float, signature: tuple) -> tuple[Tensor, Tensor]:
     """A handful of rows (decode): the native kernel or the torch arithmetic, whichever kernels/dispatch.py
-    measured faster for this shape class."""
+    measured faster for this shape class; stores the plan of the choice for x's and gamma's `signature`."""
     fn = _native_kernel(x)
     if fn is None:
+        _PLANS.put(signature, _torch_few_rows)
         return _torch_few_rows(x, gamma, epsilon)
     cls = _shape_class(x, gamma)
-    return dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: _native_few_rows(fn, x, gamma, epsilon),
-                        lambda: _torch_few_rows(x, gamma, epsilon))
+    result = dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: _native_plan(fn, x, gamma)(x, gamma, epsilon),
+                          lambda: _torch_few_rows(x, gamma, epsilon))
+    impl = dispatch.known("rms_norm", cls)
+    if impl is not None:
+        _PLANS.put(signature, _native_plan(fn, x, gamma) if impl == "native" else _torch_few_rows)
+    return result
 
 
 def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
     n = gamma.numel()
     if x.numel() <= FEW_ROWS_ELEMS:
-        return _rms_norm_few_rows(x, gamma, epsilon)
+        signature = _signature(x, gamma)
+        plan = _PLANS.get(signature)
+        return plan(x, gamma, epsilon) if plan is not None else _rms_norm_few_rows(x, gamma, epsilon, signature)
     rows = x.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
     y = torch.empty_like(rows)
@@ -166,14 +189,32 @@ def _check_add(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> None:
     require_same("add_rms_norm", "shapes of `x1` and `x2`", tuple(x1.shape), tuple(x2.shape))
 
 
+def _add_few_rows(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float,
+                  signature: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """x1 + x2 into a new contiguous tensor, then the few-rows rms_norm of it; stores the plan for `signature`
+    once rms_norm has one for the sum's."""
+    x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
+    x_signature = _signature(x, gamma)
+    y, rstd = _rms_norm_rows(x, gamma, epsilon)
+    norm = _PLANS.get(x_signature)
+    if norm is not None:
+        def plan(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+            x = torch.add(x1, x2, out=x1.new_empty(x1.shape))
+            return (*norm(x, gamma, epsilon), x)
+        _ADD_PLANS.put(signature, plan)
+    return y, rstd, x
+
+
 @torch.library.custom_op("ascend_dsa::add_rms_norm", mutates_args=())
 def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
     """x = x1 + x2, then RMSNorm of x: returns (y, rstd, x)."""
     if static_checks_needed():
         _check_add(x1, x2, gamma, epsilon)
     if x1.numel() <= FEW_ROWS_ELEMS:
-        x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
-        return (*_rms_norm_few_rows(x, gamma, epsilon), x)
+        signature = (x1.shape, x1.stride(), x2.stride(), x1.dtype, x2.dtype, x1.is_cpu, gamma.shape, gamma.stride(),
+                     gamma.dtype)
+        plan = _ADD_PLANS.get(signature)
+        return plan(x1, x2, gamma, epsilon) if plan is not None else _add_few_rows(x1, x2, gamma, epsilon, signature)
     n = gamma.numel()
     a, b = x1.contiguous().view(-1, n), x2.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
