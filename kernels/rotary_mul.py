@@ -20,11 +20,12 @@ of the output.
 """
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native, native_prototypes
+from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -76,21 +77,40 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "ro_rows")
 
 
-def _native_rows(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor | None:
-    """The native kernel's result for a few fp32 CPU rows (module docstring), or None where it does not apply."""
+def _native_plan(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Callable[..., Tensor] | None:
+    """The native kernel for calls of this signature (a few fp32 CPU rows, module docstring), its sizes and strides
+    as ctypes arrays made once, or None where it does not apply."""
     if any(t.dtype != torch.float32 or not t.is_cpu for t in (input, r1, r2)):
         return None
     loaded = native.load(NATIVE_SOURCE)
     if not loaded:
         return None
-    out = torch.empty_like(input)
     dims = ctypes.c_int64 * 4
-    sizes = input.shape
-    strides = [dims(*input.stride()), *(dims(*(0 if n == 1 else st for n, st in zip(t.shape, t.stride())))
-                                        for t in (r1, r2)), dims(*out.stride())]
-    _typed(loaded.lib)(input.data_ptr(), r1.data_ptr(), r2.data_ptr(), out.data_ptr(), dims(*sizes), *strides,
-                       MODES.index(rotary_mode))
-    return out
+    out_strides = torch.empty_like(input).stride()      # empty_like's layout follows input's strides
+    shape_args = (dims(*input.shape), dims(*input.stride()),
+                  *(dims(*(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))) for t in (r1, r2)),
+                  dims(*out_strides), MODES.index(rotary_mode))
+    fn = _typed(loaded.lib)
+
+    def plan(input: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+        out = torch.empty_like(input)
+        fn(input.data_ptr(), r1.data_ptr(), r2.data_ptr(), out.data_ptr(), *shape_args)
+        return out
+
+    return plan
+
+
+def _torch_plan(input: Tensor, rotary_mode: str) -> Callable[..., Tensor]:
+    """The torch arithmetic for calls of this signature: a few rows, one gather of the swapped pairs (order and
+    sign made once); more rows, `_rotary_mul_halves`."""
+    if input.numel() > FEW_ELEMS:
+        return functools.partial(_rotary_mul_halves, rotary_mode=rotary_mode)
+    order, sign = _swap(input.shape[-1], rotary_mode, input.dtype, input.device)
+
+    def plan(input: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+        return torch.mul(input, r1, out=torch.empty_like(input)).add_(input.index_select(-1, order).mul_(r2 * sign))
+
+    return plan
 
 
 def _rotary_mul_halves(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:
@@ -106,17 +126,36 @@ def _rotary_mul_halves(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) 
     return out
 
 
+_PLANS = call_plans.Plans(OP)
+
+
 @torch.library.custom_op("ascend_dsa::rotary_mul", mutates_args=())
 def rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> Tensor:
     """RoPE: r1 · input + r2 · rotate(input); see the module docstring."""
     if static_checks_needed():
         _check(input, r1, r2, rotary_mode)
+    signature = (input.shape, input.stride(), input.dtype, input.is_cpu, r1.shape, r1.stride(), r1.dtype, r1.is_cpu,
+                 r2.shape, r2.stride(), r2.dtype, r2.is_cpu, rotary_mode)
+    plan = _PLANS.get(signature)
+    return plan(input, r1, r2) if plan is not None else _first_call(input, r1, r2, rotary_mode, signature)
 
+
+def _first_call(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str, signature: tuple) -> Tensor:
+    """The native kernel or the torch path, measured (kernels/dispatch.py) where the kernel takes the call; stores
+    the plan of the choice for `signature` (kernels/call_plans)."""
     def run() -> Tensor:
         return _rotary_mul_cpu(input, r1, r2, rotary_mode)
 
     cls = native_class(input, r1, r2, rotary_mode)
-    return run() if cls is None else dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    if cls is None:
+        _PLANS.put(signature, _torch_plan(input, rotary_mode))
+        return run()
+    result = dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:
+        native_plan = _native_plan(input, r1, r2, rotary_mode) if impl == "native" else None
+        _PLANS.put(signature, native_plan or _torch_plan(input, rotary_mode))
+    return result
 
 
 def native_class(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> tuple | None:
@@ -129,13 +168,8 @@ def native_class(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half
 
 
 def _rotary_mul_cpu(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:
-    if input.numel() <= FEW_ELEMS:
-        done = _native_rows(input, r1, r2, rotary_mode)
-        if done is not None:
-            return done
-        order, sign = _swap(input.shape[-1], rotary_mode, input.dtype, input.device)
-        return torch.mul(input, r1, out=torch.empty_like(input)).add_(input.index_select(-1, order).mul_(r2 * sign))
-    return _rotary_mul_halves(input, r1, r2, rotary_mode)
+    native_plan = _native_plan(input, r1, r2, rotary_mode) if input.numel() <= FEW_ELEMS else None
+    return (native_plan or _torch_plan(input, rotary_mode))(input, r1, r2)
 
 
 @rotary_mul.register_fake

@@ -137,6 +137,9 @@ def test_few_fp32_rows_take_the_native_kernel_bit_for_bit(isa_level):
     x = torch.randn(1, 8, 1, 64, generator=g).transpose(1, 2)
     cos, sin = angles((1, 1, 1, 32), g)
     for mode in MODES:
-        got = rotary_module._native_rows(x, full_dim(cos, mode), full_dim(sin, mode), mode)
-        assert got is not None and got.stride() == torch.empty_like(x).stride()
+        r1, r2 = full_dim(cos, mode), full_dim(sin, mode)
+        plan = rotary_module._native_plan(x, r1, r2, mode)
+        assert plan is not None
+        got = plan(x, r1, r2)
+        assert got.stride() == torch.empty_like(x).stride()
         assert torch.equal(got, unfused(x, cos, sin, mode))
