@@ -7,7 +7,7 @@ of the keys and no [heads × keys] matrix. bf16 query and keys use bf16 dot prod
 (AVX512-BF16: each product is exact in fp32 and the sums are fp32, as in an fp32 GEMM); elsewhere chunks of keys
 are widened to fp32 and scored with fp32 fused multiply-adds. The top-K of these scores is the top-K of the
 definition (no prefilter margins needed), selected natively (kernels/native/topk_select.h). The keys of a row are
-shared between the calling thread and torch.get_num_threads() - 1 helper threads (kernels/native/work_share.h).
+shared by torch.get_num_threads() OpenMP threads (torch's pool).
 
 `row_topk` and `row_scorer` return None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the
 inputs are not ones it reads (fp8 keys, keys whose head dim is not contiguous): the caller keeps its torch path

@@ -16,17 +16,17 @@
  *   the key's score once all blocks are done;
  * - bf16 dot products (AVX512-BF16, bf16 query and keys): the query as bf16 pairs [D/2, H], one vdpbf16ps per
  *   (key, pair of dims, 16 heads) straight on the stored keys (products exact, sums in fp32 as above).
- * The calling thread and helper threads take chunks of CHUNK keys as they come (kernels/native/work_share.h: the
- * caller never waits for a helper that has not started); a call with little work runs on the calling thread.
+ * OpenMP threads (torch's pool: right after a torch op its threads are still spinning, so they start at once)
+ * take chunks of CHUNK keys as they come; a call with little work runs on the calling thread.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
 #include "topk_select.h"
-#include "work_share.h"
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
@@ -43,9 +43,9 @@
 #define KC 48      /* keys widened to fp32 at a time: a multiple of every TILE_KEYS (6 and 8) */
 #define KC_ALIGN 24   /* a chunk's rows are zero-padded to a multiple of this: of every TILE_KEYS too */
 #define CHUNK 480  /* keys per unit of work, a multiple of KC: threads take chunks as they come (a thread still
-                      waking up takes fewer, or none) */
+                      waking up from sleep takes fewer) */
 #define PARALLEL_MIN_MACS (1 << 22)   /* below ~0.1 ms of work the calling thread scores every key: waking a
-                                         helper costs more */
+                                         team costs more, and far more when another process holds a core */
 
 int li_has_f16(void) {
 #ifdef __FLT16_MANT_DIG__
@@ -254,60 +254,55 @@ static void *packed_query(const void *q, int q_dtype, int64_t h, int64_t hp, int
     return qp;
 }
 
-/* One call's work: keys in chunks of CHUNK, each scored by the micro-kernel in use; kf holds a KC x d fp32 buffer
- * per worker (fp32 kernel only). */
-struct score_job {
-    struct keys k;
-    const void *qp;
-    const float *w;
-    int64_t d, h, n;
-    int bf16_dot;
-    float *kf;
-    float *score;
-};
-
-static void score_chunk(void *ctx, int64_t chunk, int worker) {
-    const struct score_job *job = ctx;
-    int64_t start = chunk * CHUNK, end = start + CHUNK < job->n ? start + CHUNK : job->n;
+/* Scores of keys [start, end) by the micro-kernel in use; kf: the thread's KC x d fp32 buffer (fp32 kernel). */
+static void score_range(const struct keys *k, const void *qp, const float *w, int64_t d, int64_t h, int64_t start,
+                        int64_t end, int64_t n, int bf16_dot, float *kf, float *score) {
 #ifdef __AVX512BF16__
-    if (job->bf16_dot) {
-        score_range_bf16(&job->k, job->qp, job->w, job->d, job->h, start, end, job->n, job->score);
+    if (bf16_dot) {
+        score_range_bf16(k, qp, w, d, h, start, end, n, score);
         return;
     }
 #endif
-    score_range_f32(&job->k, job->qp, job->w, job->d, job->h, start, end, job->kf + worker * KC * job->d,
-                    job->score);
+    (void)n;
+    (void)bf16_dot;
+    score_range_f32(k, qp, w, d, h, start, end, kf, score);
 }
 
 /* score[0:n] for query q [h][d] (contiguous, of type q_dtype: F32, BF16 or F16) with head weights w [h] (fp32),
- * on up to `threads` threads (kernels/native/work_share.h; one below PARALLEL_MIN_MACS). Heads are padded to a
- * multiple of VL with zero queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot
- * products (q must hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+ * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). Heads are padded to a multiple of VL with zero
+ * queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must hold bf16
+ * values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
 int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
                int bf16_dot, int threads, float *score) {
+    struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
     int64_t hp = (h + VL - 1) / VL * VL;
-    threads = n * hp * d >= PARALLEL_MIN_MACS && threads > 1 ? threads : 1;
-    threads = threads < SHARE_MAX_HELPERS + 1 ? threads : SHARE_MAX_HELPERS + 1;
-    struct score_job job = {{key, dtype, row_stride, block_stride, table, block_size}, NULL, NULL, d, hp, n,
-                            bf16_dot, NULL, score};
+    void *qp = packed_query(q, q_dtype, h, hp, d, bf16_dot);
     float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
-    job.qp = packed_query(q, q_dtype, h, hp, d, bf16_dot);
-    job.kf = bf16_dot ? NULL : malloc((size_t)(threads * KC * d) * sizeof(float));
-    if (!job.qp || !wp || (!bf16_dot && !job.kf)) {
-        free((void *)job.qp);
+    if (!qp || !wp) {
+        free(qp);
         free(wp);
-        free(job.kf);
         return -1;
     }
     memcpy(wp, w, (size_t)h * sizeof(float));
     memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
-    job.w = wp;
-    share_run(score_chunk, &job, (n + CHUNK - 1) / CHUNK, threads);
-    free((void *)job.qp);
+    int64_t chunks = (n + CHUNK - 1) / CHUNK;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) num_threads(threads > 1 ? threads : 1) \
+    if (threads > 1 && n * hp * d >= PARALLEL_MIN_MACS)
+    {
+        float *kf = bf16_dot ? NULL : malloc((size_t)(KC * d) * sizeof(float));
+        failed = !bf16_dot && !kf;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t c = 0; c < chunks; c++)
+            if (!failed)
+                score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n,
+                            bf16_dot, kf, score);
+        free(kf);
+    }
+    free(qp);
     free(wp);
-    free(job.kf);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values

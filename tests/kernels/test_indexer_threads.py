@@ -1,8 +1,5 @@
-"""The indexer kernel's work sharing (kernels/native/work_share.h): the keys of a row split between the calling thread
-and helper threads give the very scores one thread gives, at every instruction-set level; two Python threads
-calling at once (one of them finds the helpers busy and works alone) both get theirs; a forked child (its helper
-threads were not copied) still scores."""
-import multiprocessing
+"""The indexer kernel on several threads: the keys of a row split between OpenMP threads give the very scores one
+thread gives, at every instruction-set level, and two Python threads calling at once both get theirs."""
 import threading
 
 import pytest
@@ -51,20 +48,3 @@ def test_two_callers_at_once():
         t.join()
     for i in (0, 1):
         assert len(got[i]) == 20 and all(torch.equal(g, want[i]) for g in got[i])
-
-
-def _child_scores(queue, q, key, w):
-    """In the child only the kernel runs: torch's own OpenMP pool is not usable after fork."""
-    queue.put(li_native.row_scorer(q, key, None)(0, KEYS, q[0, 0], w[0, 0]).tolist())
-
-
-def test_forked_child_scores_without_helpers():
-    q, key, w = make_inputs(1, 1, 64, 128, KEYS, torch.bfloat16, seed=3)
-    want = scores(q, key, w, 2)             # the parent's helpers are running
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_child_scores, args=(queue, q, key, w))
-    child.start()
-    got = torch.tensor(queue.get(timeout=60))
-    child.join(timeout=60)
-    assert child.exitcode == 0 and torch.equal(got, want)
