@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, native, native_prototypes
+from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank
 
 _ADDITIVE_MASKED = -1e30      # also in native/causal_lengths.c
@@ -47,22 +48,35 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "cl_lengths")
 
 
-def _native_lengths(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor] | None:
-    """(lengths_k, key_starts) from the native check (module docstring) for a bool or fp32 additive CPU mask, else
-    None; raises as the torch path does."""
+def _native_plan(mask: Tensor, additive: bool, windows: bool) -> Callable[[Tensor], tuple[Tensor, ...]] | None:
+    """The native check (module docstring) for masks of this signature (bool or fp32 additive, CPU), its sizes and
+    strides fixed, or None where it does not apply. The plan returns the op's three outputs and raises as the
+    torch path does."""
     kind = _NATIVE_KINDS.get((mask.dtype, additive))
     loaded = native.load(NATIVE_SOURCE) if kind is not None and mask.is_cpu else None
     if not loaded:
         return None
-    lengths_k = torch.empty(mask.shape[0], dtype=torch.int32, device="cpu")
-    starts = torch.empty(mask.shape[0], dtype=torch.int32, device="cpu")
-    status = _typed(loaded.lib)(mask.data_ptr(), kind, int(windows), *mask.shape, *mask.stride(),
-                                lengths_k.data_ptr(), starts.data_ptr())
-    if status == 2:
-        raise FusedPreconditionError(_NOT_ADDITIVE)
-    if status == 1:
-        raise FusedPreconditionError(_NOT_CAUSAL)
-    return lengths_k, starts
+    fn, flag, batch, rows = _typed(loaded.lib), int(windows), mask.shape[0], mask.shape[1]
+    sizes = (*mask.shape, *mask.stride())
+
+    def plan(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        lengths_k = torch.empty(batch, dtype=torch.int32, device="cpu")
+        starts = torch.empty(batch, dtype=torch.int32, device="cpu")
+        status = fn(mask.data_ptr(), kind, flag, *sizes, lengths_k.data_ptr(), starts.data_ptr())
+        if status == 2:
+            raise FusedPreconditionError(_NOT_ADDITIVE)
+        if status == 1:
+            raise FusedPreconditionError(_NOT_CAUSAL)
+        return torch.full((batch,), rows, dtype=torch.int32), lengths_k, starts
+
+    return plan
+
+
+def _native_lengths(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor] | None:
+    """(lengths_k, key_starts) from the native check for a bool or fp32 additive CPU mask, else None; raises as
+    the torch path does."""
+    plan = _native_plan(mask, additive, windows)
+    return None if plan is None else plan(mask)[1:]
 
 
 def reference_causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False
@@ -98,18 +112,34 @@ def _check_sizes(mask: Tensor) -> None:
                                    f"at most {INT32_MAX}")
 
 
+_PLANS = call_plans.Plans("causal_lengths")
+
+
 @torch.library.custom_op("ascend_dsa::causal_lengths", mutates_args=())
 def causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
     actual_seq_lengths_key, key_starts), int32 [B]. Raises FusedPreconditionError when the mask is not right-down
-    causal (from key 0, or from each row's key_starts with `windows`)."""
+    causal (from key 0, or from each row's key_starts with `windows`). The size checks and the path are decided
+    once per signature (kernels/call_plans); the mask's data is checked at every call."""
+    signature = (mask.shape, mask.stride(), mask.dtype, mask.is_cpu, additive, windows)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(mask)
     _check_sizes(mask)
 
     def run() -> tuple[Tensor, Tensor, Tensor]:
         return _causal_lengths_cpu(mask, additive, windows)
 
     cls = native_class(mask, additive)
-    return run() if cls is None else dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    if cls is None:
+        _PLANS.put(signature, functools.partial(_torch_lengths, additive=additive, windows=windows))
+        return run()
+    result = dispatch.run("causal_lengths", NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    impl = dispatch.known("causal_lengths", cls)
+    native_plan = _native_plan(mask, additive, windows) if impl == "native" else None
+    if impl is not None:
+        _PLANS.put(signature, native_plan or functools.partial(_torch_lengths, additive=additive, windows=windows))
+    return result
 
 
 def native_class(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple | None:
@@ -120,9 +150,12 @@ def native_class(mask: Tensor, additive: bool = False, windows: bool = False) ->
 
 
 def _causal_lengths_cpu(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor, Tensor]:
-    found = _native_lengths(mask, additive, windows)
-    if found is not None:
-        return torch.full((mask.shape[0],), mask.shape[1], dtype=torch.int32), *found
+    plan = _native_plan(mask, additive, windows)
+    return plan(mask) if plan is not None else _torch_lengths(mask, additive, windows)
+
+
+def _torch_lengths(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The torch expression of the check and the lengths."""
     visible = _visible(mask, additive)
     batch, rows, keys = visible.shape
     if rows == 0:                      # no query rows: nothing sees a key (as the native kernel says)

@@ -68,7 +68,8 @@ class _Modules:
 
 
 class _Function:
-    """Abstract evaluation of one function body: values are Fn, tuples of values, or None (anything else)."""
+    """Abstract evaluation of one function body: values are Fn, tuples of values, a frozenset of Fn (a parameter
+    that receives several), or None (anything else)."""
 
     def __init__(self, modules: _Modules, found: Found, mod: str, env: dict[str, Any]):
         self.m, self.found, self.mod, self.env = modules, found, mod, env
@@ -153,9 +154,9 @@ class _Function:
             self.pass_args(key, args)
             return self.m.returns.get(key)
         callee = self.expr(func)
-        if isinstance(callee, Fn):
+        for fn in (callee,) if isinstance(callee, Fn) else callee if isinstance(callee, frozenset) else ():
             starred = sum(isinstance(arg, ast.Starred) for arg in node.args)
-            self.found.calls.add(CallSite(self.mod, node.lineno, callee, len(node.args) - starred, starred > 0))
+            self.found.calls.add(CallSite(self.mod, node.lineno, fn, len(node.args) - starred, starred > 0))
         return None
 
     def pass_args(self, key: tuple[str, str] | None, args: list[Any]) -> None:
@@ -163,6 +164,9 @@ class _Function:
             return
         names = [a.arg for a in (*self.m.functions[key].args.posonlyargs, *self.m.functions[key].args.args)]
         for name, value in zip(names, args, strict=False):
+            held = self.m.params[key].get(name)
+            if isinstance(value, Fn) and isinstance(held, (Fn, frozenset)) and value != held:
+                value = frozenset((held,) if isinstance(held, Fn) else held) | {value}    # several functions
             if value is not None:
                 self.m.params[key][name] = value
 
