@@ -163,7 +163,8 @@ def _torch_lengths(mask: Tensor, additive: bool, windows: bool) -> tuple[Tensor,
         return empty, empty.clone(), empty.clone()
     last = visible[:, -1]
     count = last.sum(-1, dtype=torch.int32)
-    start = torch.where(count > 0, last.int().argmax(-1), 0).to(torch.int32)
+    first = last.int().argmax(-1) if keys else torch.zeros(batch, dtype=torch.int64, device=mask.device)
+    start = torch.where(count > 0, first, 0).to(torch.int32)
     if not windows and bool(start.any()):
         raise FusedPreconditionError(_NOT_CAUSAL)
     limit = start + count
