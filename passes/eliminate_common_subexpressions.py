@@ -54,9 +54,12 @@ def _pure(node: torch.fx.Node) -> bool:
 
 
 def _key(value: Any) -> Any:
-    """A hashable form of an argument (nodes by identity, containers element-wise, constants by type and value)."""
+    """A hashable form of an argument (nodes by identity, containers element-wise, constants by type and value). A
+    node computing a symbolic int is keyed by its expression: `sym_size` of two tensors with the same symbolic
+    size is the same int, so the reshapes and masks built from either are the same."""
     if isinstance(value, torch.fx.Node):
-        return ("node", id(value))
+        val = value.meta.get("val")
+        return ("sym", str(val.node.expr)) if isinstance(val, torch.SymInt) else ("node", id(value))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_key(v) for v in value))
     if isinstance(value, dict):

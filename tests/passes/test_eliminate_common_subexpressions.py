@@ -37,6 +37,16 @@ def test_repeated_casts_and_views_merge(mode):
     assert count(gm, aten.unsqueeze.default) == 2
 
 
+def test_nodes_built_from_equal_symbolic_sizes_merge():
+    """sym_size of two tensors with the same symbolic length is one int: the masks built from either merge."""
+    def fn(k, v):
+        a, b = torch.ones(1, k.shape[0], dtype=torch.bool), torch.ones(1, v.shape[0], dtype=torch.bool)
+        return a.logical_not() | b.logical_not()
+
+    gm, _ = run_pass(fn, torch.rand(5, 2), torch.rand(5, 3), mode="symbolic")
+    assert count(gm, aten.ones.default) == 1
+
+
 def test_chains_merge_transitively():
     gm, _ = run_pass(lambda x: x.t().exp().sum(0) * x.t().exp().sum(0), torch.rand(3, 4))
     assert count(gm, aten.exp.default) == 1 and count(gm, aten.sum.dim_IntList) == 1
