@@ -40,16 +40,45 @@ def profiler_labels(namespace: dict[str, Any]) -> dict[str, str]:
     return {name: "ascend_dsa::" + name[len(FUSED_PREFIX):] for name in namespace if name.startswith(FUSED_PREFIX)}
 
 
+def _to_copy(x: torch.Tensor, dtype: torch.dtype | None = None, layout: torch.layout | None = None,
+             device: torch.device | None = None, pin_memory: bool | None = None, non_blocking: bool = False,
+             memory_format: torch.memory_format | None = None) -> torch.Tensor:
+    """aten._to_copy through Tensor.to(copy=True), which calls it with the same arguments (~3x less binding cost
+    than the overload's generic path); a layout or pinned memory goes to the overload."""
+    if layout is None and not pin_memory:
+        return x.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=True, memory_format=memory_format)
+    return torch.ops.aten._to_copy.default._op(x, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                                               non_blocking=non_blocking, memory_format=memory_format)
+
+
 # Overloads that torch's Python bindings reach with the same arguments (as the generated source passes them:
-# positionally, plus keywords the binding shares) and the same kernel, ~0.4 us a call faster than
-# OpOverload._op: these are most of a decode step's ~300 small ATen calls.
+# positionally, plus keywords the binding shares) and the same kernel: the bindings' generated argument parsers
+# cost ~1-2x less than the overloads' generic (schema-driven) path, ~3x for factories and _to_copy. These are
+# most of a decode step's ~200 small ATen calls. (_unsafe_view is view without autograd's alias record: the
+# same strides, storage and errors.)
 PYTHON_BINDINGS: dict[str, Callable[..., Any]] = {
-    "view.default": torch.Tensor.view, "unsqueeze.default": torch.unsqueeze, "mul.Tensor": torch.mul,
-    "add.Tensor": torch.add, "sub.Tensor": torch.sub, "cat.default": torch.cat, "stack.default": torch.stack,
-    "select.int": torch.select, "bmm.default": torch.bmm, "permute.default": torch.permute,
-    "transpose.int": torch.transpose, "sum.dim_IntList": torch.sum, "pow.Tensor_Scalar": torch.pow,
-    "sigmoid.default": torch.sigmoid, "exp.default": torch.exp, "rsqrt.default": torch.rsqrt,
-    "cos.default": torch.cos, "sin.default": torch.sin,
+    "view.default": torch.Tensor.view, "_unsafe_view.default": torch.Tensor.view, "reshape.default": torch.reshape,
+    "unsqueeze.default": torch.unsqueeze, "squeeze.dim": torch.squeeze, "squeeze.dims": torch.squeeze,
+    "select.int": torch.select, "permute.default": torch.permute, "transpose.int": torch.transpose,
+    "split_with_sizes.default": torch.split_with_sizes, "sym_size.int": torch.Tensor.size,
+    "cat.default": torch.cat, "stack.default": torch.stack, "clone.default": torch.clone, "_to_copy.default": _to_copy,
+    "slice_scatter.default": torch.slice_scatter, "constant_pad_nd.default": torch.constant_pad_nd,
+    "embedding.default": torch.embedding, "index_select.default": torch.index_select, "gather.default": torch.gather,
+    "scatter.value": torch.scatter, "where.self": torch.where, "where.ScalarSelf": torch.where,
+    "where.ScalarOther": torch.where, "masked_fill.Scalar": torch.masked_fill,
+    "ones.default": torch.ones, "zeros.default": torch.zeros, "full.default": torch.full,
+    "arange.default": torch.arange, "arange.start": torch.arange, "scalar_tensor.default": torch.scalar_tensor,
+    "empty.memory_format": torch.empty,
+    "mul.Tensor": torch.mul, "mul.Scalar": torch.mul, "add.Tensor": torch.add, "sub.Tensor": torch.sub,
+    "div.Tensor": torch.div, "neg.default": torch.neg, "pow.Tensor_Scalar": torch.pow, "sqrt.default": torch.sqrt,
+    "rsqrt.default": torch.rsqrt, "exp.default": torch.exp, "log.default": torch.log, "cos.default": torch.cos,
+    "sin.default": torch.sin, "sigmoid.default": torch.sigmoid, "silu.default": torch._C._nn.silu,
+    "logical_not.default": torch.logical_not, "bitwise_not.default": torch.bitwise_not,
+    "bitwise_and.Tensor": torch.bitwise_and, "bitwise_or.Tensor": torch.bitwise_or, "eq.Scalar": torch.eq,
+    "le.Tensor": torch.le, "lt.Scalar": torch.lt, "gt.Scalar": torch.gt, "ge.Scalar": torch.ge,
+    "sum.dim_IntList": torch.sum, "amax.default": torch.amax, "bmm.default": torch.bmm, "mm.default": torch.mm,
+    "native_layer_norm.default": torch.native_layer_norm, "_safe_softmax.default": torch._safe_softmax,
+    "_softmax.default": torch._softmax, "topk.default": torch.topk, "sort.default": torch.sort,
 }
 
 
