@@ -7,7 +7,10 @@ with `kv_b_proj` and attends over them with a mask built from the indexer's top-
 Weight absorption rewrites it exactly (up to float rounding) over the one latent head:
     out[h,t] = (Σ_s softmax_s(c·((qn[h,t]·Wk[h])·L[s] + qr[h,t]·kr[s]) + mask) L[s]) · Wv[h]ᵀ
 which is what fuse_sparse_attention turns into `sparse_flash_attention` (and what DeepSeek's own sparse kernel
-computes). Only index-restricted attention is rewritten: for dense attention the expanded form is cheaper.
+computes). Index-restricted attention is always rewritten. Dense attention (no mask, or an additive one) is
+rewritten where the absorbed form costs less: per key and head, the expanded form projects the latent
+(L·(nope+dv) multiply-adds) and the absorbed one attends over it with every query row (S1·(2L+R)), so a decode
+step (S1 = 1, Kimi Linear's MLA layers: ~200x fewer) is absorbed and a prefill (S1 = S2) is not.
 The per-head weight slices read only parameters, so the hoisting prologue computes them once.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ class MLAMatch:
     anchor: torch.fx.Node
     tracer: Tracer
     softmax: torch.fx.Node
-    mask: torch.fx.Node
+    mask: torch.fx.Node | None
     scale: float
     q_nope: torch.fx.Node | tuple  # a node, or (query, start, end) for a slice to emit
     q_rope: torch.fx.Node | tuple
@@ -95,9 +98,7 @@ def _split_source(part: torch.fx.Node) -> tuple[torch.fx.Node, int, int]:
 def head_projection(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, int, int]:
     """(latent, weight [H·E, C], H, E) when `node` [B, H, S, E] is `(latent @ weightᵀ).view(B, S, H, E)
     .transpose(1, 2)` (an nn.Linear without bias, viewed per head)."""
-    swapped = (node.target == aten.transpose.int and sorted(d % 4 for d in node.args[1:3]) == [1, 2]) or \
-        (node.target == aten.permute.default and [d % 4 for d in node.args[1]] == [0, 2, 1, 3])
-    if not swapped:
+    if not _swaps_heads(node):
         raise NoMatch("the key/value projection is not laid out as [B, heads, S, dim]")
     per_head = node.args[0]
     heads, width = val(per_head).shape[2:]
@@ -115,6 +116,12 @@ def head_projection(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, 
     return latent, weight, heads, width
 
 
+def _swaps_heads(node: torch.fx.Node) -> bool:
+    """`node` is [B, S, H, E] -> [B, H, S, E] (transpose(1, 2) or the permute)."""
+    return (node.target == aten.transpose.int and sorted(d % 4 for d in node.args[1:3]) == [1, 2]) or \
+        (node.target == aten.permute.default and [d % 4 for d in node.args[1]] == [0, 2, 1, 3])
+
+
 def _non_unit(shape: object) -> list[object]:
     return [s for s in shape if not (isinstance(s, int) and s == 1)]
 
@@ -123,12 +130,13 @@ def match(anchor: torch.fx.Node) -> MLAMatch:
     tracer = Tracer()
     parts = softmax_parts(tracer, anchor)
     score, mask = split_score_and_mask(parts.score)
-    if not is_sparse_mask(mask):
-        raise NoMatch("not top-k sparse attention", near=False)
+    dense = not is_sparse_mask(mask)
+    if dense and score.kind == "masked":
+        raise NoMatch("dense attention with a masked fill", near=False)
     terms, scale = score_terms(tracer, score, parts.keys)
     if len(terms) != 1:
         raise NoMatch("the score is not one q·k product (already absorbed?)", near=False)
-    (q_cat, q_scale), (k_cat, k_scale) = _underlying(terms[0].q), _underlying(terms[0].k)
+    (q_cat, q_scale), (k_cat, k_scale) = _underlying(terms[0].q, at_heads=True), _underlying(terms[0].k)
     scale *= q_scale * k_scale
     for node in (q_cat, k_cat):
         if {id(a) for a in flat(tracer.trace(node).dims[-1])} != {id(a) for a in terms[0].reduced}:
@@ -145,17 +153,31 @@ def match(anchor: torch.fx.Node) -> MLAMatch:
         k_rope = k_rope.args[0]
     if val(k_rope).dim() != 4 or val(k_rope).shape[1] != 1:
         raise NoMatch("the rope key is not shared by the heads")
+    if dense and not _absorbing_pays(q_cat, latent, k_rope, weight, nope):
+        raise NoMatch("dense attention over as many query rows as the expanded form costs", near=False)
     q_dims, v_dims = tracer.trace(q_cat).dims, tracer.leaf_dims[parts.value.node]
     out_dims = [tuple(flat(q_dims[0])), tuple(flat(q_dims[1])), tuple(flat(q_dims[2])), tuple(flat(v_dims[3]))]
     return MLAMatch(anchor, tracer, parts.softmax, mask, scale, q_nope, q_rope, latent, k_rope, weight, nope,
                     out_dims)
 
 
-def _underlying(leaf: torch.fx.Node) -> tuple[torch.fx.Node, float]:
+def _absorbing_pays(query: torch.fx.Node, latent: torch.fx.Node, k_rope: torch.fx.Node, weight: torch.fx.Node,
+                    nope: int) -> bool:
+    """Dense attention: whether the absorbed form costs less per key and head (module docstring); a symbolic
+    number of query rows is not known to."""
+    rows, heads = val(query).shape[2], val(query).shape[1]
+    latent_dim, rope_dim = val(latent).shape[-1], val(k_rope).shape[-1]
+    value_dim = val(weight).shape[0] // heads - nope
+    return isinstance(rows, int) and rows * (2 * latent_dim + rope_dim) < latent_dim * (nope + value_dim)
+
+
+def _underlying(leaf: torch.fx.Node, at_heads: bool = False) -> tuple[torch.fx.Node, float]:
     """The tensor under a score factor's scalar scales and layout changes, and the product of the scales
-    (the tracer folded them into the leaf; absorption reads the pieces below them)."""
+    (the tracer folded them into the leaf; absorption reads the pieces below them). `at_heads` (the query)
+    stops at a [B, S, H, E] -> [B, H, S, E] transpose: below it is a whole projection (Kimi Linear's query, no
+    [nope | rope] concatenation), which the rewrite takes sliced in the [B, H, S, E] layout."""
     node, scale = leaf, 1.0
-    while node.target in _LAYOUT or node.target in _SCALES:
+    while (node.target in _LAYOUT or node.target in _SCALES) and not (at_heads and _swaps_heads(node)):
         if node.target in _SCALES:
             if not isinstance(node.args[1], (int, float)):
                 break
@@ -229,7 +251,8 @@ def rewrite(gm: torch.fx.GraphModule, m: MLAMatch) -> None:
                       _scores(graph, q_rope, rope, batch, rope_dim))
         score = _call(graph, aten.mul.Tensor, score, m.scale)
         score = _call(graph, aten.reshape.default, score, [batch, heads, rows, keys])
-        score = _call(graph, aten.add.Tensor, score, m.mask)
+        if m.mask is not None:
+            score = _call(graph, aten.add.Tensor, score, m.mask)
         probs = graph.call_function(m.softmax.target, (score, -1, *m.softmax.args[2:]), dict(m.softmax.kwargs))
         flat_probs = _call(graph, aten.reshape.default, probs, [batch, -1, keys])
         out_latent = _call(graph, aten.reshape.default, _call(graph, aten.bmm.default, flat_probs, latent),

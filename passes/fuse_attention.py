@@ -91,6 +91,14 @@ def _contracts(expr: Expr) -> bool:
     return expr.kind in ("matmul", "sum") or any(_contracts(f) for f in expr.factors)
 
 
+def _value_is_a_key(tracer: Tracer, score: Expr, value: Node) -> bool:
+    """v is a factor of one of the q·k products summed in the score: absorbed MLA, whose latent is both (a score
+    of several products is otherwise a near miss, e.g. a relative-position term)."""
+    product = flatten(score)
+    terms = product.factors if product.kind == "add" else [product]
+    return any(as_leaf(tracer, f).node is value for t in terms if t.kind == "matmul" for f in t.factors)
+
+
 def _bool_mask(tracer: Tracer, node: Node) -> MaskTerm:
     """The bool mask of masked_fill(x, m, -inf) / where(m, x, -inf), its axes unified with the score's."""
     invisible = node.target == aten.masked_fill.Scalar
@@ -220,6 +228,8 @@ def match(anchor: Node) -> AttnMatch:
     if _ids(keys) != _ids(expr.reduced):
         raise NoMatch("P·V does not contract the softmax axis", near=False)
     score, masks = _peel_masks(tracer, inner)
+    if _value_is_a_key(tracer, score, value.node):
+        raise NoMatch("v is the key of a score term (MLA absorbed form)", near=False)
     keys = list(flat(keys))  # the masks may have merged or split axes
     q, k, depth, scale = _query_key(tracer, score, keys)
     if value.node is k:

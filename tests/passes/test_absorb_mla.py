@@ -1,5 +1,6 @@
 """absorb_mla: expanded top-k sparse MLA (per-head keys/values from kv_b_proj) becomes the absorbed form, which
-fuse_sparse_attention then turns into sparse_flash_attention; dense attention is left alone."""
+fuse_sparse_attention then turns into sparse_flash_attention; dense MLA is absorbed over a few query rows (decode)
+and left alone over many (prefill)."""
 import pytest
 import torch
 
@@ -58,16 +59,29 @@ def test_expanded_mla_is_absorbed_and_fused(watch_pass, use_split, mask_form, se
     torch.testing.assert_close(run.out, run.ref, rtol=1e-4, atol=1e-5)
 
 
-def test_dense_mla_is_left_alone(watch_pass):
-    def dense(q, latent, k_rope, w_kvb, _):
-        kv = (latent @ w_kvb.t()).view(1, latent.shape[1], HEADS, NOPE + VALUE).transpose(1, 2)
-        k_nope, value = torch.split(kv, [NOPE, VALUE], dim=-1)
-        key = torch.cat([k_nope, k_rope.expand(-1, HEADS, -1, -1)], dim=-1)
-        return torch.softmax(q @ key.transpose(2, 3), dim=-1) @ value
+def dense_mla(q, latent, k_rope, w_kvb, _):
+    kv = (latent @ w_kvb.t()).view(1, latent.shape[1], HEADS, NOPE + VALUE).transpose(1, 2)
+    k_nope, value = torch.split(kv, [NOPE, VALUE], dim=-1)
+    key = torch.cat([k_nope, k_rope.expand(-1, HEADS, -1, -1)], dim=-1)
+    return torch.softmax(q @ key.transpose(2, 3) * (NOPE + ROPE) ** -0.5, dim=-1) @ value
 
-    run = watch_pass(absorb_mla, dense, *inputs(12, 12))
+
+def test_dense_mla_over_many_query_rows_is_left_alone(watch_pass):
+    """40 query rows: attending over the latent (40·(2·32+8) per key and head) costs more than projecting it
+    (32·(16+12))."""
+    run = watch_pass(absorb_mla, dense_mla, *inputs(40, 40))
     assert run.stats["matches"] == {} and run.stats["near_misses"] == []
     assert run.before == run.after
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_dense_mla_over_a_few_query_rows_is_absorbed(watch_pass, rows):
+    """A decode step (or a few drafted tokens): no per-step projection of every cached latent."""
+    run = watch_pass(absorb_mla, dense_mla, *inputs(30, rows))
+    assert run.stats["matches"] == {absorb_mla.PATTERN: 1}
+    assert run.before["aten.mm.default"] == 1 and "aten.mm" not in run.after_names and "aten.cat" not in run.after_names
+    assert run.report.near_misses() == []       # fuse_attention leaves the absorbed form alone, quietly
+    torch.testing.assert_close(run.out, run.ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
