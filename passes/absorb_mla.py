@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx
@@ -127,12 +128,22 @@ def _non_unit(shape: object) -> list[object]:
 
 
 def match(anchor: torch.fx.Node) -> MLAMatch:
+    """MLA attention at `anchor`; dense attention that is not MLA's (most dense attention) is no near miss."""
     tracer = Tracer()
     parts = softmax_parts(tracer, anchor)
     score, mask = split_score_and_mask(parts.score)
     dense = not is_sparse_mask(mask)
     if dense and score.kind == "masked":
         raise NoMatch("dense attention with a masked fill", near=False)
+    try:
+        return _match_parts(anchor, tracer, parts, score, mask, dense)
+    except NoMatch as exc:
+        if dense and exc.near:
+            raise NoMatch(str(exc), near=False) from exc
+        raise
+
+
+def _match_parts(anchor: torch.fx.Node, tracer: Tracer, parts: Any, score: Any, mask: Any, dense: bool) -> MLAMatch:
     terms, scale = score_terms(tracer, score, parts.keys)
     if len(terms) != 1:
         raise NoMatch("the score is not one q·k product (already absorbed?)", near=False)
