@@ -46,9 +46,11 @@ def _validate(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 
 def _check_ids(topk_ids: torch.Tensor, experts: int) -> None:
     if topk_ids.numel():
-        low, high = int(topk_ids.min()), int(topk_ids.max())
-        require(low >= 0 and high < experts, f"{OP}: `topk_ids` must lie in [0, {experts}); got values in "
-                                             f"[{low}, {high}]")
+        _require_ids(int(topk_ids.min()), int(topk_ids.max()), experts)
+
+
+def _require_ids(low: int, high: int, experts: int) -> None:
+    require(low >= 0 and high < experts, f"{OP}: `topk_ids` must lie in [0, {experts}); got values in [{low}, {high}]")
 
 
 def _swiglu_expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -80,19 +82,24 @@ def _dispatch(topk_ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, list[
 def _fused_moe_one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                          topk_ids: torch.Tensor) -> torch.Tensor:
     """A single token (decode): its k experts one after the other, in the order the grouped path sums them
-    (by expert id), skipping the dispatch bookkeeping that costs as much as the GEMVs here."""
+    (by expert id), skipping the dispatch bookkeeping that costs as much as the GEMVs here. The ids are checked
+    from the list read for the loop, and each routing weight is a Python float (a product with it rounds as
+    with the 0-dim fp32 tensor: one multiplication in the product's dtype)."""
     ids = topk_ids[0].tolist()
-    weights = topk_weights[0].float()
+    if ids:
+        _require_ids(min(ids), max(ids), w13.shape[0])
+    weights = topk_weights[0].float().tolist()
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for j in sorted(range(len(ids)), key=ids.__getitem__):
         out.add_(_swiglu_expert(x, w13[ids[j]], w2[ids[j]]) * weights[j])
-    return out.to(x.dtype)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1:
         return _fused_moe_one_token(x, w13, w2, topk_weights, topk_ids)
+    _check_ids(topk_ids, w13.shape[0])
     top_k = topk_ids.shape[1]
     order, counts = _dispatch(topk_ids, w13.shape[0])
     token_of = order // top_k
@@ -115,7 +122,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     """Routed SwiGLU experts in one op; see the module docstring."""
     if static_checks_needed():
         _validate(x, w13, w2, topk_weights, topk_ids)
-    _check_ids(topk_ids, w13.shape[0])
     return _fused_moe_cpu(x, w13, w2, topk_weights, topk_ids)
 
 

@@ -108,3 +108,13 @@ def test_clear_errors(change, match):
     args = change({"x": x, "w13": w13, "w2": w2, "topk_weights": weights, "topk_ids": ids})
     with pytest.raises(ValueError, match=match):
         OPS.fused_moe(**args)
+
+
+@pytest.mark.parametrize("shift", [3, -5])
+def test_a_single_token_with_an_expert_out_of_range_says_which_values(shift):
+    """The one-token (decode) path checks the ids it reads for its loop: the same error, values included."""
+    x, w13, w2, weights, ids = make_inputs(1, 16, 8, 4, 2)
+    ids = ids + shift
+    low, high = int(ids.min()), int(ids.max())
+    with pytest.raises(ValueError, match=rf"must lie in \[0, 4\); got values in \[{low}, {high}\]"):
+        OPS.fused_moe(x, w13, w2, weights, ids)
