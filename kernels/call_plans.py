@@ -58,6 +58,14 @@ class Plans:
         return len(self._plans)
 
 
+def without_native(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A plan that runs fn with the native kernels off on this thread: an op's torch path (dispatch.torch_path)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with native.disabled():
+            return fn(*args, **kwargs)
+    return call
+
+
 def clear_all() -> None:
     """Forget every op's plans: the next call of each signature takes the full path again."""
     for plans in _ALL:

@@ -35,10 +35,12 @@ Fast CPU path: the native kernel (kernels/sfa_native.py) whenever it loads and r
 fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
 (kernels/sfa_torch.py). The checks are in kernels/sfa_checks.py, the readable definition in kernels/sfa_reference.py.
 """
+import functools
+
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, sfa_native
+from npu_graph.kernels import call_plans, dispatch, sfa_native, sfa_plan
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.indexer_checks import sequence_lengths
 from npu_graph.kernels.key_windows import check_starts, drop_padding, has_padding
@@ -57,9 +59,7 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
-    outs = (torch.zeros(query.shape, dtype=query.dtype, device=query.device),
-            torch.full(query.shape[:3], float("-inf"), dtype=torch.float32, device=query.device),
-            torch.zeros(query.shape[:3], dtype=torch.float32, device=query.device))
+    outs = sfa_plan.outputs(query)
     indices = sparse_indices.long().contiguous()
     kernel = sfa_native.native_kernel(key, value, key_rope, block_table)
     table = None if block_table is None else block_table.long().contiguous()
@@ -77,6 +77,13 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     return outs
 
 
+_PLANS = call_plans.Plans(OP)
+
+
+def _signature(*tensors: Tensor | None) -> tuple:
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors)
+
+
 @torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
 def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
                            block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
@@ -87,22 +94,54 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            sparse_mode: int = 3, return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Attention over the selected KV rows; see the module docstring (and kernels/key_windows.py for
     `key_starts`). Returns (attention_out [B,S1,N1,Dl] in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum
-    fp32 [B,S1,N1])."""
+    fp32 [B,S1,N1]). The path is decided once per signature (kernels/sfa_plan.py)."""
     if static_checks_needed():
         check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
                       layout_query, layout_kv, sparse_mode)
         check_starts(OP, key_starts, query.shape[0])
+    args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+            actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
+    signature = (*_signature(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
+                             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts),
+                 sparse_block_size, sparse_mode)
+    plan = _PLANS.get(signature)
+    return plan(*args) if plan is not None else _first_call(args, signature, sparse_block_size, sparse_mode)
+
+
+def _first_call(args: tuple, signature: tuple, sparse_block_size: int, sparse_mode: int
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """The full path: the native kernel or the torch path as kernels/dispatch.py measured for the class; stores
+    the plan of the choice for `signature`."""
+    full = functools.partial(_full_path, sparse_block_size=sparse_block_size, sparse_mode=sparse_mode)
+    query, key, value, sparse_indices, _, block_table, _, _, query_rope, key_rope, *_ = args
+    cls = native_class(query, key, value, sparse_indices, None, block_table, query_rope=query_rope,
+                       key_rope=key_rope, sparse_block_size=sparse_block_size)
+    if cls is None:
+        _PLANS.put(signature, full)
+        return full(*args)
+    result = dispatch.run(OP, NATIVE_SOURCE, cls, lambda: full(*args), dispatch.torch_path(lambda: full(*args)))
+    impl = dispatch.known(OP, cls)
+    if impl == "torch":
+        _PLANS.put(signature, call_plans.without_native(full))
+    elif impl == "native":
+        kernel = sfa_native.native_kernel(key, value, key_rope, block_table)
+        takes = kernel is not None and sfa_plan.takes(query, query_rope, block_table)
+        _PLANS.put(signature, sfa_plan.native_plan(kernel, query, key, value, sparse_indices, query_rope, key_rope,
+                                                    sparse_block_size, sparse_mode, full) if takes else full)
+    return result
+
+
+def _full_path(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
+               block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
+               actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
+               key_scale: Tensor | None, value_scale: Tensor | None, key_starts: Tensor | None, *,
+               sparse_block_size: int, sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
     if has_padding(key_starts):
         sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
-    def run() -> tuple[Tensor, Tensor, Tensor]:
-        return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
-                                           actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
-                                           key_scale, value_scale, sparse_block_size, sparse_mode)
-
-    cls = native_class(query, key, value, sparse_indices, scale_value, block_table, query_rope=query_rope,
-                       key_rope=key_rope, sparse_block_size=sparse_block_size)
-    return run() if cls is None else dispatch.run(OP, NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
+                                       actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
+                                       key_scale, value_scale, sparse_block_size, sparse_mode)
 
 
 def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *args: object,

@@ -1,0 +1,102 @@
+"""kernels/call_plans: a fused op's second call of a signature runs the stored plan and gives the full path's
+result bit for bit; changing the native settings, a profiler, or dispatch.take_used sends the next call down the
+full path again; checks on data still run on planned calls."""
+import pytest
+import torch
+
+from npu_graph.kernels import call_plans, dispatch, native, sfa_plan
+from npu_graph.kernels import rms_norm as rms_module
+from npu_graph.kernels import sparse_flash_attention as sfa
+
+OPS = torch.ops.ascend_dsa
+
+
+def planned(plans: call_plans.Plans, fn, *args, **kwargs):
+    """fn's results on a first call (full path) and on a second one, and whether the second found a plan."""
+    first = fn(*args, **kwargs)
+    stored = len(plans)
+    hits = []
+    original = plans.get
+
+    def counting(signature):
+        plan = original(signature)
+        hits.append(plan is not None)
+        return plan
+
+    plans.get = counting
+    try:
+        second = fn(*args, **kwargs)
+    finally:
+        del plans.get
+    return first, second, stored and hits == [True]
+
+
+def same(a, b) -> bool:
+    a, b = (a,) if isinstance(a, torch.Tensor) else a, (b,) if isinstance(b, torch.Tensor) else b
+    return all(x.dtype == y.dtype and x.stride() == y.stride() and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_planned_call_equals_the_full_path(switch, monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, switch)
+    x, gamma = torch.randn(2, 64), torch.rand(64)
+    first, second, hit = planned(rms_module._PLANS, OPS.rms_norm, x, gamma, 1e-6)
+    assert hit and same(first, second)
+
+
+def test_a_changed_setting_is_planned_again(monkeypatch):
+    x, gamma = torch.randn(1, 32), torch.rand(32)
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    OPS.rms_norm(x, gamma)
+    assert len(rms_module._PLANS) == 1
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    OPS.rms_norm(x, gamma)
+    assert len(rms_module._PLANS) == 2
+
+
+def test_profiling_and_take_used_take_the_full_path():
+    x, gamma = torch.randn(1, 32), torch.rand(32)
+    OPS.rms_norm(x, gamma)
+    with torch.profiler.profile() as prof:
+        OPS.rms_norm(x, gamma)
+    assert any("ascend_dsa::rms_norm/" in e.name for e in prof.events())     # dispatch.run's event
+    dispatch.take_used()
+    assert len(rms_module._PLANS) == 0
+    OPS.rms_norm(x, gamma)
+    assert "rms_norm" in dispatch.take_used()
+
+
+def sfa_case(batch, s1, value_shared, rope, pad_starts):
+    g = torch.Generator().manual_seed(batch * 10 + s1)
+    q = torch.randn(batch, s1, 4, 32, generator=g)
+    kv = torch.randn(batch, 40, 1, 32, generator=g)
+    value = kv if value_shared else torch.randn(batch, 40, 1, 32, generator=g)
+    q_rope = torch.randn(batch, s1, 4, 8, generator=g) if rope else None
+    k_rope = torch.randn(batch, 40, 1, 8, generator=g) if rope else None
+    idx = torch.stack([torch.randperm(40, generator=g)[:8] for _ in range(batch * s1)]).view(batch, s1, 1, 8)
+    lengths_q = torch.tensor([s1] + [max(s1 - 1, 0)] * (batch - 1), dtype=torch.int32)
+    lengths_kv = torch.tensor([40] + [33] * (batch - 1), dtype=torch.int32)
+    starts = torch.tensor([0] + [5] * (batch - 1), dtype=torch.int32) if pad_starts else None
+    return (q, kv, value, idx.to(torch.int32), 0.17, None, lengths_q, lengths_kv, q_rope, k_rope, None, None, starts)
+
+
+@pytest.mark.parametrize(("batch", "s1", "value_shared", "rope", "pad_starts"), [
+    (1, 1, True, True, False), (3, 2, True, True, True), (2, 3, False, False, False), (2, 1, False, True, True)])
+def test_sparse_attention_plans_equal_the_full_path(batch, s1, value_shared, rope, pad_starts):
+    args = sfa_case(batch, s1, value_shared, rope, pad_starts)
+    assert sfa_plan.takes(args[0], args[8], None)
+    first, second, hit = planned(sfa._PLANS, OPS.sparse_flash_attention, *args, sparse_mode=3)
+    assert hit and same(first, second)
+
+
+def test_planned_sparse_attention_still_checks_its_data():
+    args = list(sfa_case(1, 1, True, True, False))
+    OPS.sparse_flash_attention(*args)
+    args[3] = args[3].clone()
+    args[3][..., 0] = -2                  # an index below -1
+    with pytest.raises(ValueError, match="sparse_indices"):
+        OPS.sparse_flash_attention(*args)
+    args = list(sfa_case(1, 1, True, True, False))
+    args[7] = torch.tensor([41], dtype=torch.int32)          # more keys than the cache holds
+    with pytest.raises(ValueError, match="actual_seq_lengths_kv"):
+        OPS.sparse_flash_attention(*args)
