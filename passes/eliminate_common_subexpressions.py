@@ -56,7 +56,9 @@ def _pure(node: torch.fx.Node) -> bool:
 def _key(value: Any) -> Any:
     """A hashable form of an argument (nodes by identity, containers element-wise, constants by type and value). A
     node computing a symbolic int is keyed by its expression: `sym_size` of two tensors with the same symbolic
-    size is the same int, so the reshapes and masks built from either are the same."""
+    size is the same int, so the reshapes and masks built from either are the same, and the later node itself is
+    replaced by the first that computes the int (a size read from a tensor that nothing else needs no longer
+    keeps that tensor's computation alive)."""
     if isinstance(value, torch.fx.Node):
         val = value.meta.get("val")
         return ("sym", str(val.node.expr)) if isinstance(val, torch.SymInt) else ("node", id(value))
@@ -71,18 +73,27 @@ def _inputs_stable(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
     return all(root(n) not in written for n in node.all_input_nodes)
 
 
+def _merge(gm: torch.fx.GraphModule, node: torch.fx.Node, first: torch.fx.Node, counts: Counter[str]) -> None:
+    node.replace_all_uses_with(first)
+    gm.graph.erase_node(node)
+    counts[getattr(node.target, "_opname", getattr(node.target, "__name__", str(node.target)))] += 1
+
+
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     written = written_or_returned_roots(gm.graph)
     seen: dict[Any, torch.fx.Node] = {}
     counts: Counter[str] = Counter()
     for node in list(gm.graph.nodes):
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            first = seen.setdefault(_key(node), node)
+            if first is not node and node.op == "call_function" and (_pure(node) or _schema(node) is None):
+                _merge(gm, node, first, counts)
+            continue
         if not _pure(node) or not _inputs_stable(node, written) or not _result_stable(node, written):
             continue
         key = (node.target, _key(node.args), _key(node.kwargs))
         first = seen.setdefault(key, node)
         if first is not node:
-            node.replace_all_uses_with(first)
-            gm.graph.erase_node(node)
-            counts[node.target._opname] += 1
+            _merge(gm, node, first, counts)
     stats = {"merged": sum(counts.values()), **dict(counts.most_common())} if counts else {}
     return PassResult(changed=bool(counts), stats=stats)

@@ -47,6 +47,29 @@ def test_nodes_built_from_equal_symbolic_sizes_merge():
     assert count(gm, aten.ones.default) == 1
 
 
+def test_a_size_read_from_an_unused_result_is_read_earlier():
+    """A symbolic size read from a tensor nothing else needs (as fusion passes read sizes) is replaced by the first
+    node computing the same int, so the tensor's computation becomes dead code."""
+    def fn(k, v):
+        return (k * 2).softmax(0), v.reshape(k.shape[0], -1) + 1
+
+    k, v = torch.rand(5, 3), torch.rand(5, 2)
+    gm = make_fx(fn, tracing_mode="symbolic")(k, v)
+    size = next(n for n in gm.graph.nodes if n.target == aten.sym_size.int)
+    softmax = next(n for n in gm.graph.nodes if n.target == aten._softmax.default)
+    with gm.graph.inserting_after(size):
+        late = gm.graph.call_function(aten.sym_size.int, (softmax, 0))
+    late.meta["val"] = size.meta["val"]
+    size.replace_all_uses_with(late, delete_user_cb=lambda user: user is not late)
+    output = gm.graph.output_node()
+    output.args = ((output.args[0][1],),)          # the softmax itself is not returned
+    gm.recompile()
+    stats = cse.run(gm, PassContext(config=CompilerConfig())).stats
+    gm.graph.eliminate_dead_code()
+    assert stats["sym_size"] == 1 and count(gm, aten._softmax.default) == 0
+    torch.testing.assert_close(gm(k, v)[0], v.reshape(5, -1) + 1)
+
+
 def test_chains_merge_transitively():
     gm, _ = run_pass(lambda x: x.t().exp().sum(0) * x.t().exp().sum(0), torch.rand(3, 4))
     assert count(gm, aten.exp.default) == 1 and count(gm, aten.sum.dim_IntList) == 1
