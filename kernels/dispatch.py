@@ -121,13 +121,16 @@ def lookup(op: str, library: str, cls: tuple) -> Choice | None:
     return None if found is None else Choice(**found)
 
 
-def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> tuple[T, Choice]:
+def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T],
+             prepare: Callable[[], object] | None) -> tuple[T, Choice]:
     paths = {"native": native_fn, "torch": torch_fn}
     best = {name: float("inf") for name in paths}
     last: dict[str, T] = {}
     start = time.perf_counter()
     for round_ in range(ROUNDS + 1):
         for name in (("native", "torch") if round_ % 2 else ("torch", "native")):
+            if prepare is not None:
+                prepare()
             t0 = time.perf_counter()
             last[name] = paths[name]()
             if round_:                      # round 0 warms both paths up
@@ -149,9 +152,12 @@ def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
     return known
 
 
-def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn: Callable[[], T]) -> T:
+def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn: Callable[[], T],
+        prepare: Callable[[], object] | None = None) -> T:
     """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
-    where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs."""
+    where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs. `prepare`, when
+    given, runs before every timed call, untimed (e.g. evicting an operand from the caches: the state the
+    class's calls meet in use); the class should then say so, as the table keeps one choice per class."""
     level = cpu_isa.active()
     # a decode step makes ~40 of these calls: one lookup each
     known = ("native", f"native[{level}]") if mode() == "force" else _known.get((op, level, cls))
@@ -159,7 +165,7 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
         key = _key(op, library, cls)
         found = _loaded_table().get(key)
         if found is None:
-            result, choice = _measure(native_fn, torch_fn)
+            result, choice = _measure(native_fn, torch_fn, prepare)
             _save(key, choice)
             _remember(op, level, cls, choice.impl)
             return result

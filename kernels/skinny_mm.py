@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,39 @@ _F32 = torch.float32
 def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., int], Callable[..., None]]:
     mm = native_prototypes.typed(lib, NATIVE_SOURCE, "sm_mm")
     return mm, native_prototypes.typed(lib, NATIVE_SOURCE, "sm_mm_nt")
+
+
+@functools.cache
+def core_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The largest cache one core has to itself (its L2; sysfs), 1 MiB where sysfs does not say."""
+    sizes = []
+    for index in Path(sysfs).glob("index*"):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if level == "2" and size[:-1].isdigit() and size[-1] in "KM":
+            sizes.append(int(size[:-1]) << (10 if size[-1] == "K" else 20))
+    return max(sizes, default=1 << 20)
+
+
+def _span_bytes(w: Tensor) -> int:
+    """Bytes from w's first element to its last (rows may be padded: stride(0) >= its row)."""
+    return ((w.shape[0] - 1) * w.stride(0) + w.shape[1]) * w.element_size()
+
+
+def _streamed(w: Tensor) -> bool:
+    """Whether a decode step reads w from memory: a weight of half a core's own cache or more has left it by
+    the time the next step comes back to it (every other layer's weights go through in between). Such
+    products are measured with w evicted (kernels/dispatch.py `prepare`): there the native kernel streams
+    memory faster than BLAS (1 MB: ~56 vs ~95 us on the 2-core EPYC VM), while on weights in cache the two are
+    close and BLAS is ahead on the smaller ones."""
+    return 2 * _span_bytes(w) >= core_cache_bytes()
+
+
+def _evictor(lib: ctypes.CDLL, w: Tensor) -> Callable[[], object]:
+    evict = native_prototypes.typed(lib, NATIVE_SOURCE, "sm_evict")
+    return lambda: evict(w.data_ptr(), _span_bytes(w))
 
 
 def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
@@ -105,9 +139,10 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     if not _takes(x, w, 0):
         _MM_PLANS.put(signature, _torch_mm)
         return _aten_mm(x, w)
-    cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1])
+    streamed = _streamed(w)
+    cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1], "streamed" if streamed else "")
     result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 0)(x, w),
-                          lambda: _aten_mm(x, w))
+                          lambda: _aten_mm(x, w), _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
     return _planned(_MM_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 0), _torch_mm)
 
 
@@ -129,10 +164,10 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     if not (loaded and _takes(x, w, 1)):
         _LINEAR_PLANS.put(signature, _torch_linear)
         return F.linear(x, w)
-    kernel = _typed(loaded.lib)[1]
-    cls = dispatch.shape_class(*x.shape, w.shape[0])
+    kernel, streamed = _typed(loaded.lib)[1], _streamed(w)
+    cls = dispatch.shape_class(*x.shape, w.shape[0], "streamed" if streamed else "")
     result = dispatch.run("skinny_linear", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 1)(x, w),
-                          lambda: F.linear(x, w))
+                          lambda: F.linear(x, w), _evictor(loaded.lib, w) if streamed else None)
     return _planned(_LINEAR_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 1), _torch_linear)
 
 

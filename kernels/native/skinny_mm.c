@@ -11,6 +11,9 @@
  */
 #include <omp.h>
 #include <stdint.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,4 +87,20 @@ void sm_mm_nt(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w,
             y[m * N + n] = s;
         }
     }
+}
+
+/* Evicts the cache lines of [p, p + bytes) from every cache level (x86: clflush; returns 1), so that a
+ * measurement sees the weight as a decode step does: read from memory once per step, after every other
+ * layer's weights went through the caches. Returns 0 where there is no such instruction (nothing evicted). */
+int sm_evict(const void *p, int64_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *c = (const char *)p;
+    for (int64_t off = 0; off < bytes; off += 64) _mm_clflush(c + off);
+    _mm_mfence();
+    return 1;
+#else
+    (void)p;
+    (void)bytes;
+    return 0;
+#endif
 }

@@ -19,7 +19,7 @@ from typing import Any
 
 from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
-from npu_graph.runtime import direct_calls
+from npu_graph.runtime import direct_calls, weight_arena
 from npu_graph.runtime.profiling import ProfiledCalls
 from npu_graph.runtime.superkernel import bind_regions
 
@@ -70,6 +70,7 @@ class CompiledGraph:
         bind_regions(self._self, namespace, traced)
         self.frozen_parameters = bool(namespace.get("FROZEN_PARAMETERS", False))
         self.prologue_runs = 0
+        self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
         self._hoisted: tuple[Any, ...] = ()
         self._hoisted_for: tuple[list[int], list[int]] | None = None
 
@@ -81,7 +82,7 @@ class CompiledGraph:
         params = [inputs[i] for i in self.param_indices]
         stamp = (list(map(id, params)), list(map(_VERSION, params)))
         if stamp != self._hoisted_for:
-            self._hoisted = tuple(self._prologue(self._self, *params))
+            self._hoisted, self.arena_bytes = weight_arena.pack(tuple(self._prologue(self._self, *params)), inputs)
             self._hoisted_for = stamp
             self.prologue_runs += 1
         return self._hoisted

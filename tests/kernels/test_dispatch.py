@@ -103,3 +103,16 @@ def test_ops_go_through_dispatch(table):
     assert key.startswith("rms_norm|") and saved[key]["impl"] in ("native", "torch")
     described = dispatch.describe("rms_norm", "rms_norm", dispatch.shape_class(x.dtype, 2, 512))
     assert described["impl"] == saved[key]["impl"] and "measured: native" in described["why"]
+
+
+def test_prepare_runs_before_every_timed_call_and_not_after_the_choice(table):
+    calls: list = []
+    prepared: list = []
+
+    def prepare():
+        prepared.append(len(calls))                     # the calls made so far: prepare comes before each one
+    native_fn, torch_fn = counting("native", 0.0, calls), counting("torch", 0.001, calls)
+    assert dispatch.run("op", "rms_norm", ("cold",), native_fn, torch_fn, prepare) == "native"
+    assert prepared == list(range(len(calls)))
+    dispatch.run("op", "rms_norm", ("cold",), native_fn, torch_fn, prepare)
+    assert len(prepared) == len(calls) - 1              # a decided class runs its choice alone

@@ -92,3 +92,44 @@ def test_native_callable_is_what_the_runtime_binds_mm_to(monkeypatch):
         return
     x, w = torch.randn(2, 8), torch.randn(8, 4)
     assert_within_fp32_summation_bound(skinny_mm.native_callable()(x, w), x, w)
+
+
+def test_core_cache_size_from_sysfs(tmp_path):
+    for index, (level, size) in enumerate([("1", "32K"), ("2", "512K"), ("3", "32768K")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(level + "\n")
+        (folder / "size").write_text(size + "\n")
+    assert skinny_mm.core_cache_bytes(str(tmp_path)) == 512 << 10
+    assert skinny_mm.core_cache_bytes(str(tmp_path / "missing")) == 1 << 20
+
+
+def test_weights_of_half_a_core_cache_are_measured_streamed():
+    half = skinny_mm.core_cache_bytes() // 2
+    assert skinny_mm._streamed(torch.empty(half // 4 // 256, 256))
+    assert not skinny_mm._streamed(torch.empty(half // 4 // 256 - 1, 256))
+    padded = torch.empty(half // 4 // 512 + 1, 512)[:, :256]       # rows padded to 512: the span counts
+    assert skinny_mm._streamed(padded)
+
+
+@needs_native
+def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, tmp_path):
+    from npu_graph.kernels import dispatch
+
+    monkeypatch.setenv(native.ENV_SWITCH, "auto")
+    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
+    monkeypatch.setattr(dispatch, "_table", None)
+    monkeypatch.setattr(dispatch, "_known", {})
+    evicted = []
+    real = skinny_mm._evictor
+    monkeypatch.setattr(skinny_mm, "_evictor", lambda lib, w: lambda: evicted.append(real(lib, w)()))
+    x = torch.randn(1, 512)
+    w = torch.randn(512, skinny_mm.core_cache_bytes() // 4 // 512)
+    assert_within_fp32_summation_bound(skinny_mm.mm(x, w), x, w)
+    assert evicted and set(evicted) <= {0, 1}       # 1: evicted (x86 clflush), 0: no such instruction
+    (key,) = [k for k in dispatch._known if k[0] == "skinny_mm"]
+    assert key[2][-1] == "streamed"
+    small = torch.randn(512, 16)
+    evicted.clear()
+    skinny_mm.mm(x, small)
+    assert not evicted
