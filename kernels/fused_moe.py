@@ -10,7 +10,8 @@ out has x's dtype. The CPU implementation sorts the T*k (token, slot) pairs by e
 tokens of each active expert into one contiguous group, runs the two GEMMs per active expert on its
 whole group (a grouped matmul; experts no token chose cost nothing), scales the rows by their routing
 weight and scatters them back with one index_add_ into an fp32 accumulator. A single token (decode) skips
-the dispatch and runs its k experts in turn. The GEMMs run in the input
+the dispatch and runs its k experts in turn: in one native call (kernels/fused_moe_native.py) where
+kernels/dispatch.py measured that faster for the shape class. The GEMMs run in the input
 dtype: measured single-threaded on this machine (AVX512-BF16, oneDNN), a bf16 expert GEMM is about 3x
 faster than the fp32 one from 4 rows up and on par for a single row, and converting the expert weights
 to fp32 would cost more than the GEMM itself.
@@ -18,7 +19,7 @@ to fp32 would cost more than the GEMM itself.
 import torch
 import torch.nn.functional as F
 
-from npu_graph.kernels import skinny_mm
+from npu_graph.kernels import call_plans, dispatch, fused_moe_native, skinny_mm
 from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
 
 OP = "fused_moe"
@@ -95,10 +96,47 @@ def _fused_moe_one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
+_PLANS = call_plans.Plans(OP)
+NATIVE_SOURCE = fused_moe_native.NATIVE_SOURCE
+
+
+def native_class(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, *args: object, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for a token the native kernel takes, else None."""
+    if fused_moe_native.kernel() is None or not fused_moe_native.takes(x, w13, w2, topk_weights, topk_ids):
+        return None
+    return dispatch.shape_class(x.shape[1], w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1])
+
+
+def _one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+               topk_ids: torch.Tensor) -> torch.Tensor:
+    """A decode token: the native kernel or the Python loop, whichever kernels/dispatch.py measured faster for
+    the class; decided once per signature (kernels/call_plans)."""
+    args = (x, w13, w2, topk_weights, topk_ids)
+    signature = tuple((t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad) for t in args)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(*args)
+    cls = native_class(*args)
+    if cls is None:
+        _PLANS.put(signature, _fused_moe_one_token)
+        return _fused_moe_one_token(*args)
+    native_plan = fused_moe_native.token_plan(fused_moe_native.kernel(), x, w13, w2, topk_ids, _check_ids_of(w13))
+    result = dispatch.run(OP, NATIVE_SOURCE, cls, lambda: native_plan(*args), lambda: _fused_moe_one_token(*args))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:
+        _PLANS.put(signature, native_plan if impl == "native" else _fused_moe_one_token)
+    return result
+
+
+def _check_ids_of(w13: torch.Tensor):
+    return lambda topk_ids: _check_ids(topk_ids, w13.shape[0])
+
+
 def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1:
-        return _fused_moe_one_token(x, w13, w2, topk_weights, topk_ids)
+        return _one_token(x, w13, w2, topk_weights, topk_ids)
     _check_ids(topk_ids, w13.shape[0])
     top_k = topk_ids.shape[1]
     order, counts = _dispatch(topk_ids, w13.shape[0])

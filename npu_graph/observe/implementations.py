@@ -17,6 +17,7 @@ from npu_graph.kernels import (
     chunk_kda_native,
     cpu_isa,
     dispatch,
+    fused_moe,
     lightning_indexer,
     moe_gating,
     moe_gating_native,
@@ -37,6 +38,7 @@ NATIVE_CLASSES: dict[str, tuple[Callable[..., tuple | None], str]] = {
     "rotary_mul": (rotary_mul.native_class, rotary_mul.NATIVE_SOURCE),
     "moe_gating_top_k": (moe_gating.native_class, moe_gating_native.NATIVE_SOURCE),
     "causal_lengths": (causal_lengths.native_class, causal_lengths.NATIVE_SOURCE),
+    "fused_moe": (fused_moe.native_class, fused_moe.NATIVE_SOURCE),
 }
 # the name each op records its choices under in kernels/dispatch.py (where it differs from the op's)
 _DISPATCH_NAME = {"add_rms_norm": "rms_norm"}

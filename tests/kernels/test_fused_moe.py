@@ -5,7 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_paths import refuse
 
+from npu_graph.kernels import fused_moe, fused_moe_native, native
 from npu_graph.kernels.fused_moe import reference_fused_moe
 from npu_graph.tools.bench_kernels_kda import expert_loop
 
@@ -118,3 +120,48 @@ def test_a_single_token_with_an_expert_out_of_range_says_which_values(shift):
     low, high = int(ids.min()), int(ids.max())
     with pytest.raises(ValueError, match=rf"must lie in \[0, 4\); got values in \[{low}, {high}\]"):
         OPS.fused_moe(x, w13, w2, weights, ids)
+
+
+native_moe = pytest.mark.skipif(not fused_moe_native.kernel(), reason="the native fused_moe kernel is not built")
+
+
+def one_token_native_only(monkeypatch):
+    """ASCEND_DSA_NATIVE=1 and the Python loop refused: a passing call ran the native kernel."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    refuse(monkeypatch, fused_moe, "_fused_moe_one_token", said="took the Python loop")
+
+
+@native_moe
+@pytest.mark.usefixtures("isa_level")
+@pytest.mark.parametrize(("hidden", "inter", "experts", "top_k", "twice"), [
+    (64, 32, 8, 2, False), (16, 8, 4, 1, False), (48, 24, 32, 8, False), (33, 7, 5, 3, True),
+    (512, 256, 8, 2, False)])                     # the last one splits its products across the threads
+def test_native_one_token_matches_reference(monkeypatch, hidden, inter, experts, top_k, twice):
+    one_token_native_only(monkeypatch)
+    x, w13, w2, weights, ids = make_inputs(1, hidden, inter, experts, top_k, seed=hidden)
+    ids = ids.long()
+    if twice:
+        ids[0, -1] = ids[0, 0]
+    out = OPS.fused_moe(x, w13, w2, weights, ids)
+    torch.testing.assert_close(out, reference_fused_moe(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+@native_moe
+@pytest.mark.parametrize("shift", [3, -5])
+def test_native_one_token_ids_out_of_range_say_which_values(monkeypatch, shift):
+    one_token_native_only(monkeypatch)
+    x, w13, w2, weights, ids = make_inputs(1, 16, 8, 4, 2)
+    ids = ids.long() + shift
+    low, high = int(ids.min()), int(ids.max())
+    with pytest.raises(ValueError, match=rf"must lie in \[0, 4\); got values in \[{low}, {high}\]"):
+        OPS.fused_moe(x, w13, w2, weights, ids)
+
+
+@native_moe
+def test_operands_the_kernel_does_not_read_take_the_python_loop(monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    refuse(monkeypatch, fused_moe_native, "token_plan", said="took the native kernel")
+    x, w13, w2, weights, ids = make_inputs(1, 16, 8, 4, 2)
+    for case in ((x, w13, w2, weights, ids), (x, w13, w2, weights.bfloat16(), ids.long()),
+                 (x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids.long())):
+        torch.testing.assert_close(OPS.fused_moe(*case), reference_fused_moe(*case))
