@@ -26,10 +26,12 @@ The CPU work is in kernels/indexer_topk.py (torch: streamed exact top-K, bf16 pr
 kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/indexer_checks.py and the readable
 definition in kernels/indexer_reference.py.
 """
+import functools
+
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import dispatch, lightning_indexer_native
+from npu_graph.kernels import call_plans, dispatch, lightning_indexer_native
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.indexer_checks import OP, check_static, sequence_lengths, visible_keys
 from npu_graph.kernels.indexer_keys import ONEDNN_BF16, KeyReader, dequantize
@@ -112,6 +114,12 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
                               actual_seq_lengths_key, block_table, query_scale, key_scale, key_starts,
                               layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
                               sparse_mode=sparse_mode, return_value=return_value)
+    signature = _signature(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                           query_scale, key_scale, sparse_count, sparse_mode)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table)
+
     def run() -> tuple[Tensor, Tensor]:
         return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
                                       block_table, query_scale, key_scale, sparse_count, sparse_mode)
@@ -119,7 +127,40 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
     cls = native_class(query, key, weights, block_table=block_table, query_scale=query_scale, key_scale=key_scale)
     if cls is None:
         return run()
-    return dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
+    if dispatch.known(OP, cls) == "native":
+        plan = lightning_indexer_native.decode_plan(query, key, block_table, weights, sparse_count, _lengths,
+                                                    functools.partial(_visible, sparse_mode=sparse_mode))
+        if plan is not None:
+            _PLANS.put(signature, plan)
+    return result
+
+
+_PLANS = call_plans.Plans(OP)
+
+
+def _lengths(query: Tensor, key: Tensor, block_table: Tensor | None, query_lengths: Tensor | None,
+             key_lengths: Tensor | None) -> tuple[list[int], list[int]]:
+    return sequence_lengths(OP, query, key, block_table, query_lengths, key_lengths, "actual_seq_lengths_key")
+
+
+def _visible(row: int, query_len: int, key_len: int, sparse_mode: int) -> int:
+    return visible_keys(row, query_len, key_len, sparse_mode)
+
+
+def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None,
+               key_lengths: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
+               key_scale: Tensor | None, sparse_count: int, sparse_mode: int) -> tuple | None:
+    """What a plan depends on (kernels/call_plans). Unpaged keys [B, S2, 1, D] grow by a row per decode step: their
+    length and batch stride are left out (the plan reads them at each call) but for the power-of-two bucket of
+    S2 that kernels/dispatch.py classes calls by."""
+    def of(t: Tensor | None) -> tuple | None:
+        return None if t is None else (t.shape, t.stride(), t.dtype, t.device.type)
+    keys = of(key) if block_table is not None else \
+        (key.shape[0], key.shape[2:], key.stride()[1:], key.dtype, key.device.type, dispatch.bucket(key.shape[1]))
+    lengths = tuple(None if t is None else (t.dtype, t.shape) for t in (query_lengths, key_lengths))
+    return (of(query), keys, of(weights), lengths, of(block_table), query_scale is None, key_scale is None,
+            sparse_count, sparse_mode)
 
 
 def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,

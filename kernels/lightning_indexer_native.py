@@ -144,3 +144,59 @@ def select_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if select(scores.data_ptr(), scores.numel(), k, indices.data_ptr(), values.data_ptr()) < 0:
         raise _out_of_memory(f"top {k} of {scores.numel()} keys")
     return indices, values
+
+
+def decode_plan(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int,
+                lengths: Callable[..., tuple[list[int], list[int]]], visible: Callable[[int, int, int], int]
+                ) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """The native path of the op for calls of these operands' signature, with everything that does not depend
+    on the data or on the key length decided once (kernels/call_plans; a decode graph's cache grows by a row
+    per step, so the key rows' count and batch stride are read at each call); None when the kernel does not
+    take them (row_topk). `lengths(query, key, block_table, lq_tensor, lk_tensor)` checks and returns the
+    sequence lengths and `visible(row, lq, lk)` the keys a row sees, at every call."""
+    found = _kernel(query, key)
+    if found is None:
+        return None
+    fn, bf16_dot = found[2], int(found[3])
+    batch, s1, heads, dim = query.shape
+    q_code, q_item, copy_query = native.DTYPE_CODES[query.dtype], query.element_size(), not (
+        query.stride(3) == 1 and query.stride(2) == dim)
+    key_code, key_item, row_stride = native.DTYPE_CODES[key.dtype], key.element_size(), key.stride(1)
+    block_stride, block_size = (key.stride(0), key.shape[1]) if block_table is not None else (0, 1)
+    convert_table = block_table is not None and not (block_table.dtype is torch.int32 and block_table.is_contiguous())
+    table_step = 0 if block_table is None else block_table.shape[1] * 4
+    w_float = weights.dtype is torch.float32 and weights.is_contiguous()
+
+    def plan(query: Tensor, key: Tensor, weights: Tensor, lq_tensor: Tensor | None, lk_tensor: Tensor | None,
+             block_table: Tensor | None) -> tuple[Tensor, Tensor]:
+        lq, lk = lengths(query, key, block_table, lq_tensor, lk_tensor)
+        q = query.contiguous() if copy_query else query
+        w = weights if w_float else weights.float().contiguous()
+        tab = block_table.to(torch.int32).contiguous() if convert_table else block_table
+        indices = torch.full((batch, s1, 1, k), -1, dtype=torch.int32)
+        values = torch.full((batch, s1, 1, k), float("-inf"), dtype=torch.float32)
+        key_base, batch_step = key.data_ptr(), 0 if tab is not None else key.stride(0) * key_item
+        threads = torch.get_num_threads()
+        for b in range(batch):
+            rows = [(t, visible(t, lq[b], lk[b])) for t in range(lq[b])]
+            if not any(limit for _, limit in rows):
+                continue
+            scores = scratch("li_native/scores", (max(limit for _, limit in rows),), torch.float32)
+            table_row = None if tab is None else tab.data_ptr() + b * table_step
+            for t, limit in rows:
+                if not limit:
+                    continue
+                row = (b * s1 + t) * k
+                status = fn(key_base + b * batch_step, key_code, row_stride, block_stride, table_row, block_size,
+                            limit, q.data_ptr() + (b * q.stride(0) + t * q.stride(1)) * q_item, q_code,
+                            w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot, threads, k,
+                            scores.data_ptr(), indices.data_ptr() + row * 4, values.data_ptr() + row * 4)
+                if status < 0:
+                    raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}, top {k}")
+                if status:      # equal scores straddle the cut: torch.topk decides (row_topk)
+                    top, where = scores[:limit].topk(k)
+                    values[b, t, 0] = top
+                    indices[b, t, 0] = where
+        return indices, values
+
+    return plan

@@ -52,12 +52,11 @@ def native_plan(kernel: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Ten
     batch, s1, n1, dl = query.shape
     rope_dim = 0 if query_rope is None else query_rope.shape[3]
     q_step, rope_step = query.stride(0) * 4, 0 if query_rope is None else query_rope.stride(0) * 4
-    key_step, key_stride = key.stride(0) * key.element_size(), key.stride(1)
-    value_step, value_stride = value.stride(0) * value.element_size(), value.stride(1)
-    k_rope_step, k_rope_stride = (0, 0) if key_rope is None else (key_rope.stride(0) * key_rope.element_size(),
-                                                                  key_rope.stride(1))
+    key_item, key_stride, value_item, value_stride = key.element_size(), key.stride(1), value.element_size(), \
+        value.stride(1)
+    k_rope_item, k_rope_stride = (0, 0) if key_rope is None else (key_rope.element_size(), key_rope.stride(1))
     codes = native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[key.dtype if key_rope is None else key_rope.dtype]
-    top_k, rows, causal = sparse_indices.shape[3], key.shape[1], sparse_mode == 3
+    top_k, causal = sparse_indices.shape[3], sparse_mode == 3
     out_step, stat_step = s1 * n1 * dl * 4, s1 * n1 * 4
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
@@ -77,6 +76,9 @@ def native_plan(kernel: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Ten
         qr, kr = (None, None) if query_rope is None else (query_rope.data_ptr(), key_rope.data_ptr())
         out, smax, ssum = (t.data_ptr() for t in outs)
         threads = torch.get_num_threads()
+        # the KV length (rows) and so the batch strides may differ from call to call: a growing decode cache
+        rows, key_step, value_step = key.shape[1], key.stride(0) * key_item, value.stride(0) * value_item
+        k_rope_step = 0 if key_rope is None else key_rope.stride(0) * k_rope_item
         for b in range(batch):
             if lq[b] == 0:
                 continue

@@ -84,6 +84,13 @@ def _signature(*tensors: Tensor | None) -> tuple:
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors)
 
 
+def _growing_kv_signature(*kv: Tensor | None, sparse_block_size: int) -> tuple:
+    """BSND key, value and key_rope [B, S2, 1, D] grow by a row per decode step: a plan reads their S2 and batch
+    stride at each call, so they are left out, but for what the dispatch class reads of S2 (native_class)."""
+    return (*(None if t is None else (t.shape[0], t.shape[2:], t.stride()[1:], t.dtype, t.is_cpu) for t in kv),
+            min(sparse_block_size, kv[0].shape[1]))
+
+
 @torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
 def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
                            block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
@@ -102,8 +109,10 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
         check_starts(OP, key_starts, query.shape[0])
     args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
-    signature = (*_signature(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
-                             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts),
+    kv = (key, value, key_rope) if block_table is not None else ()
+    signature = (*_signature(query, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                             query_rope, key_scale, value_scale, key_starts, *kv),
+                 *(() if kv else _growing_kv_signature(key, value, key_rope, sparse_block_size=sparse_block_size)),
                  sparse_block_size, sparse_mode)
     plan = _PLANS.get(signature)
     return plan(*args) if plan is not None else _first_call(args, signature, sparse_block_size, sparse_mode)

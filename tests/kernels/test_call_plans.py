@@ -100,3 +100,73 @@ def test_planned_sparse_attention_still_checks_its_data():
     args[7] = torch.tensor([41], dtype=torch.int32)          # more keys than the cache holds
     with pytest.raises(ValueError, match="actual_seq_lengths_kv"):
         OPS.sparse_flash_attention(*args)
+
+
+def indexer_inputs(batch, s1, keys, heads=4, dim=16, paged=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, s1, heads, dim, generator=g)
+    weights = torch.randn(batch, s1, heads, generator=g)
+    if not paged:
+        return query, torch.randn(batch, keys, 1, dim, generator=g), weights, None
+    block, blocks = 16, -(-keys // 16)
+    cache = torch.randn(batch * blocks + 1, block, 1, dim, generator=g)
+    table = torch.randperm(batch * blocks + 1, generator=g)[:batch * blocks].view(batch, blocks).int()
+    return query, cache, weights, table
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize(("batch", "s1"), [(1, 1), (2, 1), (2, 3)])
+def test_indexer_plans_serve_a_growing_cache_and_equal_the_full_path(monkeypatch, paged, batch, s1):
+    """A decode graph's key cache grows by a row per step: one plan serves every length of a dispatch bucket,
+    and each planned call equals the full path (ASCEND_DSA_NATIVE=1, plans cleared before it) bit for bit."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    from npu_graph.kernels import lightning_indexer as li
+
+    query, key, weights, table = indexer_inputs(batch, s1, 40, paged=paged)
+    layout = {"layout_key": "PA_BSND"} if paged else {}
+
+    def call(keys, n):
+        lengths = torch.tensor([n - 1, n][:batch], dtype=torch.int32)
+        return OPS.lightning_indexer(query, keys, weights, None, lengths, table, sparse_count=8, **layout)
+
+    call(key if paged else key[:, :33].contiguous(), 33)
+    assert len(li._PLANS) == 1
+    original, hits = li._PLANS.get, []
+    monkeypatch.setattr(li._PLANS, "get", lambda signature: hits.append(original(signature)) or hits[-1])
+    for n in (34, 35, 40):
+        keys = key if paged else key[:, :n].contiguous()
+        planned_out = call(keys, n)
+        assert hits[-1] is not None                     # the plan stored at length 33
+        call_plans.clear_all()
+        assert same(planned_out, call(keys, n))
+
+
+def test_planned_indexer_still_checks_its_data(monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    query, key, weights, _ = indexer_inputs(1, 1, 20)
+    OPS.lightning_indexer(query, key, weights, None, torch.tensor([20], dtype=torch.int32), sparse_count=8)
+    with pytest.raises(ValueError, match="actual_seq_lengths_key"):
+        OPS.lightning_indexer(query, key, weights, None, torch.tensor([21], dtype=torch.int32), sparse_count=8)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_sparse_attention_plans_serve_a_growing_cache(monkeypatch, shared):
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(3)
+    query, q_rope = torch.randn(2, 1, 4, 32, generator=g), torch.randn(2, 1, 4, 16, generator=g)
+    kv_all, v_all, rope_all = (torch.randn(2, 50, 1, d, generator=g) for d in (32, 32, 16))
+    indices = torch.randint(0, 30, (2, 1, 1, 8), generator=g, dtype=torch.int32)
+
+    def call(n):
+        kv, rope = kv_all[:, :n].contiguous(), rope_all[:, :n].contiguous()
+        value = kv if shared else v_all[:, :n].contiguous()
+        return OPS.sparse_flash_attention(query, kv, value, indices, 0.2, None, None, None, q_rope, rope)
+
+    call(30)
+    original, hits = sfa._PLANS.get, []
+    monkeypatch.setattr(sfa._PLANS, "get", lambda signature: hits.append(original(signature)) or hits[-1])
+    for n in (31, 40, 50):
+        planned_out = call(n)
+        assert hits[-1] is not None
+        call_plans.clear_all()
+        assert same(planned_out, call(n))
