@@ -5,9 +5,10 @@ A native kernel is taken only where it is faster than the path it replaces. The 
 class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
 inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget), keeps the faster
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
-folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build and the class,
-so a later process on this CPU starts from it (as Inductor's autotuning caches its choices). Every later call of
-the class is a dictionary lookup. Both paths must be free of side effects other than their results.
+folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
+the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
+caches its choices). Every later call of the class is a dictionary lookup. Both paths must be free of side
+effects other than their results.
 
 ASCEND_DSA_NATIVE selects the mode, read at every call: `auto` (the default) measures; `1` takes the native
 kernel wherever it applies (tests and the kernel benchmarks use it to exercise the native code); `0` never
@@ -15,6 +16,7 @@ loads a native kernel (kernels/native.py).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -109,10 +111,20 @@ def _save(key: str, choice: Choice) -> None:
             pass                            # a read-only or untrusted folder: the choice lives in this process
 
 
+@functools.cache
+def _paths_digest() -> str:
+    """A digest of the kernels' Python sources: what an op's native and torch paths are is decided there too, so a
+    choice measured with other Python code is measured again (the library's build name covers the C source)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _key(op: str, library: str, cls: tuple) -> str:
     loaded = native.load(library)
     build = Path(loaded.reason).stem if loaded else library
-    return f"{op}|{cpu_isa.active()}|{build}|{cls}"
+    return f"{op}|{cpu_isa.active()}|{build}|{_paths_digest()}|{cls}"
 
 
 def lookup(op: str, library: str, cls: tuple) -> Choice | None:

@@ -27,6 +27,7 @@ kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/
 definition in kernels/indexer_reference.py.
 """
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -69,25 +70,16 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                            actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
                            query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
                            sparse_mode: int) -> tuple[Tensor, Tensor]:
-    """Query rows go one by one through the native kernel, which writes each row's top-K into the outputs, when
-    it takes the inputs (kernels/dispatch.py has measured it faster for this shape class, decode or prefill);
-    otherwise through the torch paths of `_batch_topk`."""
+    """The torch paths of `_batch_topk` (the native kernel's path is lightning_indexer_native.native_path)."""
     lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
                               actual_seq_lengths_key, "actual_seq_lengths_key")
     w = weights.float()
-    top_row = None if query_scale is not None or key_scale is not None else \
-        lightning_indexer_native.row_topk(query, key, block_table, w, sparse_count)
     batch, s1 = query.shape[:2]
     indices = torch.full((batch, s1, 1, sparse_count), -1, dtype=torch.int32)
     values = torch.full((batch, s1, 1, sparse_count), float("-inf"), dtype=torch.float32)
     keys = None
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
-        if top_row is not None:
-            for t, limit in enumerate(limits):
-                if limit:
-                    top_row(b, t, limit, indices, values)
-            continue
         keys = keys or KeyReader(key, key_scale, block_table)
         prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
         for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter):
@@ -127,13 +119,25 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
     cls = native_class(query, key, weights, block_table=block_table, query_scale=query_scale, key_scale=key_scale)
     if cls is None:
         return run()
-    result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls, run, dispatch.torch_path(run))
-    if dispatch.known(OP, cls) == "native":
-        plan = lightning_indexer_native.decode_plan(query, key, block_table, weights, sparse_count, _lengths,
-                                                    functools.partial(_visible, sparse_mode=sparse_mode))
-        if plan is not None:
-            _PLANS.put(signature, plan)
+    native_plan = lightning_indexer_native.native_path(query, key, block_table, weights, sparse_count, _lengths,
+                                                       functools.partial(_visible, sparse_mode=sparse_mode))
+    result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls,
+                          lambda: native_plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
+                                              block_table), dispatch.torch_path(run))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:
+        _PLANS.put(signature, native_plan if impl == "native" else call_plans.without_native(_torch_plan(
+            query_scale, key_scale, sparse_count, sparse_mode)))
     return result
+
+
+def _torch_plan(query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
+                sparse_mode: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    def plan(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None, key_lengths: Tensor | None,
+             block_table: Tensor | None) -> tuple[Tensor, Tensor]:
+        return _lightning_indexer_cpu(query, key, weights, query_lengths, key_lengths, block_table, query_scale,
+                                      key_scale, sparse_count, sparse_mode)
+    return plan
 
 
 _PLANS = call_plans.Plans(OP)

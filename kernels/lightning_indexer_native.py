@@ -9,7 +9,7 @@ are widened to fp32 and scored with fp32 fused multiply-adds. The top-K of these
 definition (no prefilter margins needed), selected natively (kernels/native/topk_select.h). The keys of a row are
 shared by torch.get_num_threads() OpenMP threads (torch's pool).
 
-`row_topk` and `row_scorer` return None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the
+`native_path` and `row_scorer` return None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the
 inputs are not ones it reads (fp8 keys, keys whose head dim is not contiguous): the caller keeps its torch path
 then.
 """
@@ -27,14 +27,17 @@ NATIVE_SOURCE = "lightning_indexer"
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool]:
-    """(li_scores, li_topk, li_row_topk, whether the build reads fp16, whether it has bf16 dot products)."""
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool,
+                                      ctypes._CFuncPtr]:
+    """(li_scores, li_topk, li_row_topk, whether the build reads fp16, whether it has bf16 dot products,
+    li_rows_topk)."""
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_f16")
     has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_bf16_dot")
     scores = native_prototypes.typed(lib, NATIVE_SOURCE, "li_scores")
     topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_topk")
     row_topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_row_topk")
-    return scores, topk, row_topk, bool(has_f16()), bool(has_bf16_dot())
+    rows_topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_rows_topk")
+    return scores, topk, row_topk, bool(has_f16()), bool(has_bf16_dot()), rows_topk
 
 
 def _readable(key: Tensor) -> bool:
@@ -48,7 +51,7 @@ def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFunc
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or query.dtype not in native.DTYPE_CODES or not _readable(key):
         return None
-    scores, topk, row_topk_fn, has_f16, has_bf16_dot = _typed(loaded.lib)
+    scores, topk, row_topk_fn, has_f16, has_bf16_dot, _ = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
     bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 \
@@ -101,39 +104,6 @@ def _key_args(key: Tensor, block_table: Tensor | None) -> Callable[[int], tuple]
     return paged
 
 
-def row_topk(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor,
-             k: int) -> Callable[[int, int, int, Tensor, Tensor], None] | None:
-    """`topk(b, t, limit, indices, values)`: the scores of keys 0 .. limit-1 of batch b for query row t (weights
-    [B, S1, N1]) and their k largest, sorted descending, written into indices[b, t, 0] and values[b, t, 0] of the
-    op's contiguous outputs [B, S1, 1, k] (-1 / -inf padding when limit < k); None when the native kernel does not
-    take these inputs. One native call per row, with the addresses computed here. Which of several equal scores
-    at the k-th place are kept is torch.topk's choice, as in eager (ReLU makes exact zeros common: a model's
-    greedy tokens must not depend on the implementation)."""
-    found = _kernel(query, key)
-    if found is None:
-        return None
-    fn, bf16_dot, keys_of = found[2], int(found[3]), _key_args(key, block_table)
-    q = query if query.stride(3) == 1 and query.stride(2) == query.shape[3] else query.contiguous()
-    w = weights.float().contiguous()
-    heads, dim, q_code, q_item = q.shape[2], q.shape[3], native.DTYPE_CODES[q.dtype], q.element_size()
-
-    def topk(b: int, t: int, limit: int, indices: Tensor, values: Tensor) -> None:
-        scores = scratch("li_native/scores", (limit,), torch.float32)
-        row = (b * indices.shape[1] + t) * k
-        status = fn(*keys_of(b), limit, q.data_ptr() + (b * q.stride(0) + t * q.stride(1)) * q_item, q_code,
-                    w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot,
-                    torch.get_num_threads(), k, scores.data_ptr(), indices.data_ptr() + row * 4,
-                    values.data_ptr() + row * 4)
-        if status < 0:
-            raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}, top {k}")
-        if status:      # equal scores straddle the cut: torch.topk decides
-            top, where = scores.topk(k)
-            values[b, t, 0] = top
-            indices[b, t, 0] = where
-
-    return topk
-
-
 def select_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest of scores [n] (fp32, contiguous) by the native radix select (the library must be loaded):
     (positions [1, k] int32, values [1, k] fp32), sorted descending, equal scores by position, -1 / -inf padding
@@ -146,14 +116,17 @@ def select_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return indices, values
 
 
-def decode_plan(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int,
+def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int,
                 lengths: Callable[..., tuple[list[int], list[int]]], visible: Callable[[int, int, int], int]
                 ) -> Callable[..., tuple[Tensor, Tensor]] | None:
-    """The native path of the op for calls of these operands' signature, with everything that does not depend
-    on the data or on the key length decided once (kernels/call_plans; a decode graph's cache grows by a row
-    per step, so the key rows' count and batch stride are read at each call); None when the kernel does not
-    take them (row_topk). `lengths(query, key, block_table, lq_tensor, lk_tensor)` checks and returns the
-    sequence lengths and `visible(row, lq, lk)` the keys a row sees, at every call."""
+    """The op's native path for calls of these operands' signature, with everything that depends on neither the
+    data nor the key length decided once (the plan kernels/call_plans keeps; a decode graph's cache grows by a
+    row per step, so the key rows' count and batch stride are read at each call); None when the kernel does not
+    take them. A decode row's keys are shared by the threads (li_row_topk), a prefill's rows go to the threads
+    in one call (li_rows_topk). Which of several equal scores at the k-th place are kept is torch.topk's choice,
+    as in eager (ReLU makes exact zeros common: a model's greedy tokens must not depend on the implementation).
+    `lengths(query, key, block_table, lq_tensor, lk_tensor)` checks and returns the sequence lengths and
+    `visible(row, lq, lk)` the keys a row sees, at every call."""
     found = _kernel(query, key)
     if found is None:
         return None
@@ -166,6 +139,23 @@ def decode_plan(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     convert_table = block_table is not None and not (block_table.dtype is torch.int32 and block_table.is_contiguous())
     table_step = 0 if block_table is None else block_table.shape[1] * 4
     w_float = weights.dtype is torch.float32 and weights.is_contiguous()
+    rows_fn, score_fn = _typed(native.load(NATIVE_SOURCE).lib)[5], found[0]
+
+    def several(keys: tuple, limits: list[int], q_row: int, q_step: int, w_row: int, w_step: int, threads: int,
+                out: tuple[int, int], indices: Tensor, values: Tensor) -> None:
+        """A batch's query rows (a prefill) in one call, shared by the threads; rows with equal scores at the cut
+        are scored again and settled by torch.topk."""
+        limit_list = torch.tensor(limits, dtype=torch.int64)
+        ties = torch.zeros(len(limits), dtype=torch.int32)
+        if rows_fn(*keys, limit_list.data_ptr(), len(limits), q_row, q_code, q_step, w_row, w_step, heads, dim,
+                   bf16_dot, threads, k, *out, ties.data_ptr()):
+            raise _out_of_memory(f"{len(limits)} rows of up to {max(limits)} keys, {heads} heads of dim {dim}")
+        for t in ties.nonzero().flatten().tolist():
+            scores = torch.empty(limits[t], dtype=torch.float32)
+            if score_fn(*keys, limits[t], q_row + t * q_step * q_item, q_code, w_row + t * w_step * 4, heads, dim,
+                        bf16_dot, threads, scores.data_ptr()):
+                raise _out_of_memory(f"{limits[t]} keys, {heads} heads of dim {dim}")
+            values[t, 0], indices[t, 0] = scores.topk(k)
 
     def plan(query: Tensor, key: Tensor, weights: Tensor, lq_tensor: Tensor | None, lk_tensor: Tensor | None,
              block_table: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -178,25 +168,21 @@ def decode_plan(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         key_base, batch_step = key.data_ptr(), 0 if tab is not None else key.stride(0) * key_item
         threads = torch.get_num_threads()
         for b in range(batch):
-            rows = [(t, visible(t, lq[b], lk[b])) for t in range(lq[b])]
-            if not any(limit for _, limit in rows):
-                continue
-            scores = scratch("li_native/scores", (max(limit for _, limit in rows),), torch.float32)
-            table_row = None if tab is None else tab.data_ptr() + b * table_step
-            for t, limit in rows:
-                if not limit:
-                    continue
-                row = (b * s1 + t) * k
-                status = fn(key_base + b * batch_step, key_code, row_stride, block_stride, table_row, block_size,
-                            limit, q.data_ptr() + (b * q.stride(0) + t * q.stride(1)) * q_item, q_code,
-                            w.data_ptr() + (b * w.stride(0) + t * w.stride(1)) * 4, heads, dim, bf16_dot, threads, k,
-                            scores.data_ptr(), indices.data_ptr() + row * 4, values.data_ptr() + row * 4)
+            keys = (key_base + b * batch_step, key_code, row_stride, block_stride,
+                    None if tab is None else tab.data_ptr() + b * table_step, block_size)
+            limits = [visible(t, lq[b], lk[b]) for t in range(lq[b])]
+            q_row, w_row = q.data_ptr() + b * q.stride(0) * q_item, w.data_ptr() + b * w.stride(0) * 4
+            out = (indices.data_ptr() + b * s1 * k * 4, values.data_ptr() + b * s1 * k * 4)
+            if len(limits) > 1:
+                several(keys, limits, q_row, q.stride(1), w_row, w.stride(1), threads, out, indices[b], values[b])
+            elif limits and limits[0]:
+                scores = scratch("li_native/scores", (limits[0],), torch.float32)
+                status = fn(*keys, limits[0], q_row, q_code, w_row, heads, dim, bf16_dot, threads, k,
+                            scores.data_ptr(), *out)
                 if status < 0:
-                    raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}, top {k}")
-                if status:      # equal scores straddle the cut: torch.topk decides (row_topk)
-                    top, where = scores[:limit].topk(k)
-                    values[b, t, 0] = top
-                    indices[b, t, 0] = where
+                    raise _out_of_memory(f"{limits[0]} keys, {heads} heads of dim {dim}, top {k}")
+                if status:      # equal scores straddle the cut: torch.topk decides
+                    values[b, 0, 0], indices[b, 0, 0] = scores.topk(k)
         return indices, values
 
     return plan

@@ -170,3 +170,21 @@ def test_sparse_attention_plans_serve_a_growing_cache(monkeypatch, shared):
         assert hits[-1] is not None
         call_plans.clear_all()
         assert same(planned_out, call(n))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_planned_indexer_prefill_rows_equal_the_full_path(monkeypatch, ties):
+    """A prefill's rows go to the threads in one native call (li_rows_topk); rows whose k-th and (k+1)-th scores
+    are equal (all-zero scores after the ReLU) are settled by torch.topk as on the full path."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    query, key, weights, _ = indexer_inputs(2, 40, 40, seed=5)
+    if ties:
+        query = -query.abs()
+        key = key.abs()                                 # every q·k < 0: every score is 0
+    lengths = torch.tensor([40, 37], dtype=torch.int32)
+    args = (query, key, weights, lengths, lengths)
+    OPS.lightning_indexer(*args, sparse_count=8)
+    planned_out = OPS.lightning_indexer(*args, sparse_count=8)
+    call_plans.clear_all()
+    full = OPS.lightning_indexer(*args, sparse_count=8)
+    assert same(planned_out, full)
