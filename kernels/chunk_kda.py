@@ -33,7 +33,7 @@ sequence is split: final_state(S0) = A @ S0 + final_state(0).
 """
 import torch
 
-from npu_graph.kernels import chunk_kda_grad, chunk_kda_native, dispatch, native
+from npu_graph.kernels import call_plans, chunk_kda_grad, chunk_kda_native, dispatch, native
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.kda_checks import OP, checked_log_decay, validate, validate_states
 from npu_graph.kernels.kda_chunked import chunked
@@ -127,13 +127,26 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """KDA over a whole sequence; see the module docstring for the recurrence and layouts."""
     if static_checks_needed():
         validate(q, k, v, g, beta, initial_state, chunk_size)
-
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        return _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
-
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    signature = (*((t.shape, t.stride(), t.dtype, t.device.type) for t in (q, k, v, g, beta)),
+                 None if initial_state is None else (initial_state.shape, initial_state.stride(), initial_state.dtype),
+                 scale, output_final_state, chunk_size)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(*args)
     cls = native_class(q, k, v, g, beta)
-    return run() if cls is None else dispatch.run(OP, chunk_kda_native.NATIVE_SOURCE, cls, run,
-                                                  dispatch.torch_path(run))
+    if cls is None:
+        _PLANS.put(signature, _chunk_kda_cpu)
+        return _chunk_kda_cpu(*args)
+    result = dispatch.run(OP, chunk_kda_native.NATIVE_SOURCE, cls, lambda: _chunk_kda_cpu(*args),
+                          dispatch.torch_path(lambda: _chunk_kda_cpu(*args)))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:        # a decode step's call costs more in these decisions than in its one step
+        _PLANS.put(signature, _chunk_kda_cpu if impl == "native" else call_plans.without_native(_chunk_kda_cpu))
+    return result
+
+
+_PLANS = call_plans.Plans(OP)
 
 
 chunk_kda_grad.register(chunk_kda)

@@ -188,3 +188,44 @@ def test_planned_indexer_prefill_rows_equal_the_full_path(monkeypatch, ties):
     call_plans.clear_all()
     full = OPS.lightning_indexer(*args, sparse_count=8)
     assert same(planned_out, full)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_paged_sparse_attention_plans_equal_the_full_path(monkeypatch, batch):
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(4)
+    blocks, block = 3 * batch + 1, 16
+    query, q_rope = torch.randn(batch, 1, 4, 32, generator=g), torch.randn(batch, 1, 4, 16, generator=g)
+    cache, rope = torch.randn(blocks, block, 1, 32, generator=g), torch.randn(blocks, block, 1, 16, generator=g)
+    table = torch.randperm(blocks, generator=g)[:3 * batch].view(batch, 3).int()
+    indices = torch.randint(0, 40, (batch, 1, 1, 8), generator=g, dtype=torch.int32)
+    lengths = torch.tensor([40, 45][:batch], dtype=torch.int32)
+
+    def call():
+        return OPS.sparse_flash_attention(query, cache, cache, indices, 0.2, table, None, lengths, q_rope, rope,
+                                          layout_kv="PA_BSND")
+
+    first, second, hit = planned(sfa._PLANS, call)
+    assert hit and same(first, second)
+    with pytest.raises(ValueError):
+        OPS.sparse_flash_attention(query, cache, cache, indices, 0.2, table, None, lengths + 100, q_rope, rope,
+                                   layout_kv="PA_BSND")
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_chunk_kda_plans_equal_the_full_path(monkeypatch, switch):
+    from npu_graph.kernels import chunk_kda as kda
+
+    monkeypatch.setenv(native.ENV_SWITCH, switch)
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(1, 1, 2, 16, generator=g), torch.randn(1, 1, 2, 16, generator=g)
+    v, decay = torch.randn(1, 1, 2, 8, generator=g), -torch.rand(1, 1, 2, 16, generator=g)
+    beta, state = torch.rand(1, 1, 2, generator=g), torch.randn(1, 2, 16, 8, generator=g)
+
+    def call():
+        return OPS.chunk_kda(q, k, v, decay, beta, None, state, output_final_state=True)
+
+    first, second, hit = planned(kda._PLANS, call)
+    assert hit and same(first, second)
+    with pytest.raises(ValueError, match="log decay"):
+        OPS.chunk_kda(q, k, v, -decay, beta, None, state, output_final_state=True)
