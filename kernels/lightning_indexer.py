@@ -66,10 +66,10 @@ def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | No
     return out
 
 
-def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
-                           actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
-                           query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
-                           sparse_mode: int) -> tuple[Tensor, Tensor]:
+def _torch_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
+                   actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
+                   query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
+                   sparse_mode: int) -> tuple[Tensor, Tensor]:
     """The torch paths of `_batch_topk` (the native kernel's path is lightning_indexer_native.native_path)."""
     lq, lk = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query,
                               actual_seq_lengths_key, "actual_seq_lengths_key")
@@ -106,6 +106,17 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
                               actual_seq_lengths_key, block_table, query_scale, key_scale, key_starts,
                               layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
                               sparse_mode=sparse_mode, return_value=return_value)
+    return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                                  query_scale, key_scale, sparse_count, sparse_mode)
+
+
+def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
+                           actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
+                           query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
+                           sparse_mode: int) -> tuple[Tensor, Tensor]:
+    """The op's CPU work after its checks and padded rows: the plan of the call's signature, or the
+    implementation kernels/dispatch.py measured faster for the class (the native path, or `_torch_indexer`),
+    storing the plan of the choice."""
     signature = _signature(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                            query_scale, key_scale, sparse_count, sparse_mode)
     plan = _PLANS.get(signature)
@@ -113,8 +124,8 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
         return plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table)
 
     def run() -> tuple[Tensor, Tensor]:
-        return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
-                                      block_table, query_scale, key_scale, sparse_count, sparse_mode)
+        return _torch_indexer(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                              query_scale, key_scale, sparse_count, sparse_mode)
 
     cls = native_class(query, key, weights, block_table=block_table, query_scale=query_scale, key_scale=key_scale)
     if cls is None:
@@ -135,8 +146,8 @@ def _torch_plan(query_scale: Tensor | None, key_scale: Tensor | None, sparse_cou
                 sparse_mode: int) -> Callable[..., tuple[Tensor, Tensor]]:
     def plan(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None, key_lengths: Tensor | None,
              block_table: Tensor | None) -> tuple[Tensor, Tensor]:
-        return _lightning_indexer_cpu(query, key, weights, query_lengths, key_lengths, block_table, query_scale,
-                                      key_scale, sparse_count, sparse_mode)
+        return _torch_indexer(query, key, weights, query_lengths, key_lengths, block_table, query_scale,
+                              key_scale, sparse_count, sparse_mode)
     return plan
 
 

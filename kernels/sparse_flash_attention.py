@@ -50,7 +50,7 @@ from npu_graph.kernels.sfa_reference import reference_sparse_flash_attention as 
 from npu_graph.kernels.sfa_torch import kv_readers, torch_batch
 
 
-def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
+def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
                                 scale_value: float, block_table: Tensor | None,
                                 actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
                                 query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
@@ -107,6 +107,19 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
                       layout_query, layout_kv, sparse_mode)
         check_starts(OP, key_starts, query.shape[0])
+    return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
+                                       actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
+                                       key_scale, value_scale, key_starts, sparse_block_size, sparse_mode)
+
+
+def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
+                                scale_value: float, block_table: Tensor | None,
+                                actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
+                                query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
+                                value_scale: Tensor | None, key_starts: Tensor | None, sparse_block_size: int,
+                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The op's CPU work after its static checks: the plan of the call's signature, or the full path (which
+    stores one)."""
     args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
     kv = (key, value, key_rope) if block_table is not None else ()
@@ -148,7 +161,7 @@ def _full_path(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor
                sparse_block_size: int, sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
     if has_padding(key_starts):
         sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
-    return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
+    return _batches_cpu(query, key, value, sparse_indices, scale_value, block_table,
                                        actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
                                        key_scale, value_scale, sparse_block_size, sparse_mode)
 

@@ -3,9 +3,10 @@
 DSA layers keep three paged tensors, each `[num_blocks, block_size, 1, dim]` (one shared KV head, the layout of
 `npu_sparse_flash_attention`'s `PA_BSND`): the MLA latent (kv_lora_rank), the rotated key part (qk_rope_head_dim)
 and the lightning indexer's key (index_head_dim). A `block_table` `[B, max_blocks]` int32 maps a sequence's
-logical block to a physical one; it is a shuffled permutation so that paging is real. `lengths` `[B]` int32 holds
-the number of tokens already cached per sequence; the model reads the current position from it (never a Python
-int), so one compiled decode graph serves every step.
+logical block to a physical one; it is a shuffled permutation so that paging is real. The paged tensors live in
+2 MiB pages where the system has them (kernels/huge_pages.py): a decode step gathers their rows at random.
+`lengths` `[B]` int32 holds the number of tokens already cached per sequence; the model reads the current
+position from it (never a Python int), so one compiled decode graph serves every step.
 
 All stores go through `write` (in place, `index_put_`) and all loads through `read_all` / `read_rows`, which
 cast between the storage dtype `kv_dtype` and the compute dtype: a quantized cache changes only these three.
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from npu_graph.kernels import huge_pages
 from npu_graph.models.kda_slots import KDALayerCache
 
 FP8 = torch.float8_e4m3fn
@@ -78,8 +80,8 @@ class HybridCache:
     def _new_dsa_layer(self, num_blocks: int) -> DSALayerCache:
         cfg = self.config
 
-        def paged(dim: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(num_blocks, self.block_size, 1, dim, dtype=dtype)
+        def paged(dim: int, dtype: torch.dtype) -> torch.Tensor:      # rows a decode step gathers at random
+            return huge_pages.zeros(num_blocks, self.block_size, 1, dim, dtype=dtype)
 
         if self.kv_dtype != FP8:
             return DSALayerCache(*(paged(d, self.kv_dtype) for d in (cfg.kv_lora_rank, cfg.qk_rope_head_dim,

@@ -14,12 +14,13 @@ pages are off ("never"), or on other systems, the arena is plain memory: the sam
 """
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import torch
 
-HUGE_PAGE = 2 << 20
+from npu_graph.kernels import huge_pages
+
+HUGE_PAGE = huge_pages.HUGE_PAGE
 MIN_BYTES = 64 << 10            # smaller tensors are left alone: a few pages, not worth the copy
 _ALIGN = 64
 
@@ -29,16 +30,6 @@ def _movable(value: Any, input_storages: set[int]) -> bool:
             and not value.requires_grad and value._base is None and value.is_contiguous()
             and value.nbytes >= MIN_BYTES and value.untyped_storage().data_ptr() not in input_storages
             and value.storage_offset() == 0 and value.untyped_storage().nbytes() == value.nbytes)
-
-
-def _huge_page_buffer(nbytes: int) -> torch.Tensor:
-    """nbytes of uint8 starting on a 2 MiB boundary, in an anonymous mapping advised to use huge pages."""
-    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)   # shared anonymous memory is shmem
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    whole = torch.frombuffer(mapping, dtype=torch.uint8)        # keeps the mapping alive
-    start = -whole.data_ptr() % HUGE_PAGE
-    return whole[start:start + nbytes]
 
 
 def pack(values: tuple[Any, ...], inputs: list[Any]) -> tuple[tuple[Any, ...], int]:
@@ -52,7 +43,7 @@ def pack(values: tuple[Any, ...], inputs: list[Any]) -> tuple[tuple[Any, ...], i
     for i in movable:
         offsets[i] = total
         total += -(-values[i].nbytes // _ALIGN) * _ALIGN
-    arena = _huge_page_buffer(total)
+    arena = huge_pages.buffer(total)
     out = list(values)
     for i in movable:
         value = values[i]
