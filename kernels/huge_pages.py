@@ -17,7 +17,10 @@ HUGE_PAGE = 2 << 20
 
 def buffer(nbytes: int) -> torch.Tensor:
     """nbytes of zeroed uint8 starting on a 2 MiB boundary, in a private anonymous mapping advised to use huge
-    pages (shared anonymous memory would be shmem, which has a setting of its own)."""
+    pages (shared anonymous memory would be shmem, which has a setting of its own); plain zeros on a system
+    without private mappings."""
+    if not hasattr(mmap, "MAP_PRIVATE"):
+        return torch.zeros(nbytes, dtype=torch.uint8)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE)

@@ -32,3 +32,9 @@ def test_written_copied_and_saved_like_any_tensor():
     torch.save(t, buffer)
     buffer.seek(0)
     assert torch.equal(torch.load(buffer), t)
+
+
+def test_a_system_without_private_mappings_gets_plain_zeros(monkeypatch):
+    monkeypatch.delattr(huge_pages.mmap, "MAP_PRIVATE")
+    t = huge_pages.zeros(1024, 1024)
+    assert t.shape == (1024, 1024) and not t.any()
