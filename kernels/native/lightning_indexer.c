@@ -350,18 +350,22 @@ int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_st
 
 /* Several query rows of one batch (a prefill): row t (t < rows) scores keys 0 .. limits[t]-1 with query
  * q + t * q_row_stride values (type q_dtype) and weights w + t * w_row_stride, and writes its k largest into
- * idx + t * k and val + t * k (li_topk). The rows are shared by `threads` OpenMP threads as they come, each
- * row scored on one thread: a prefill row has too few keys for its own team (a row's keys are split across
- * threads only in li_row_topk, at decode). tie[t] is li_topk's code for row t (1: equal scores straddle the cut,
+ * idx + t * k and val + t * k (li_topk). The rows are shared by `threads` OpenMP threads as they come (when the
+ * call has PARALLEL_MIN_MACS of work), each row scored on one thread: a prefill row has too few keys for its own
+ * team (a row's keys are split across threads only in li_row_topk, at decode). tie[t] is li_topk's code for row t (1: equal scores straddle the cut,
  * which the caller settles as torch.topk would). Returns 0, or -1 when out of memory. */
 int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                  int64_t block_size, const int64_t *limits, int64_t rows, const void *q, int q_dtype,
                  int64_t q_row_stride, const float *w, int64_t w_row_stride, int64_t h, int64_t d, int bf16_dot,
                  int threads, int64_t k, int32_t *idx, float *val, int32_t *tie) {
-    int64_t most = 1, q_item = elem_bytes(q_dtype);
-    for (int64_t t = 0; t < rows; t++) most = limits[t] > most ? limits[t] : most;
-    int failed = 0;
-#pragma omp parallel num_threads(threads > 1 ? threads : 1) reduction(| : failed) if (threads > 1 && rows > 1)
+    int64_t most = 1, keys = 0, q_item = elem_bytes(q_dtype);
+    for (int64_t t = 0; t < rows; t++) {
+        most = limits[t] > most ? limits[t] : most;
+        keys += limits[t] > 0 ? limits[t] : 0;
+    }
+    int failed = 0;   /* little work (a short prompt) stays on the calling thread, as in li_scores */
+#pragma omp parallel num_threads(threads > 1 ? threads : 1) reduction(| : failed) \
+    if (threads > 1 && rows > 1 && keys * h * d >= PARALLEL_MIN_MACS)
     {
         float *score = malloc((size_t)most * sizeof(float));
         failed = !score;

@@ -229,3 +229,20 @@ def test_chunk_kda_plans_equal_the_full_path(monkeypatch, switch):
     assert hit and same(first, second)
     with pytest.raises(ValueError, match="log decay"):
         OPS.chunk_kda(q, k, v, -decay, beta, None, state, output_final_state=True)
+
+
+def test_indexer_prefill_rows_shared_by_the_threads_equal_one_thread(monkeypatch):
+    """Enough prefill work (64 rows of up to 4096 keys) for li_rows_topk to share the rows among the threads: the
+    same top-k as with one thread."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    query, key, weights, _ = indexer_inputs(1, 64, 4096, heads=8, dim=32, seed=7)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = OPS.lightning_indexer(query, key, weights, sparse_count=64)
+        call_plans.clear_all()
+        torch.set_num_threads(2)
+        shared = OPS.lightning_indexer(query, key, weights, sparse_count=64)
+    finally:
+        torch.set_num_threads(threads)
+    assert same(alone, shared)
