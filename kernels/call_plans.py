@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from torch import Tensor
 from torch.autograd import profiler as autograd_profiler
 
 from npu_graph.kernels import env_settings, native
@@ -56,6 +57,17 @@ class Plans:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+def tensor_key(t: Tensor | None) -> tuple | None:
+    """What a plan may depend on of one operand: shape, strides, dtype and device (None stays None)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device.type)
+
+
+def growing_key(t: Tensor | None) -> tuple | None:
+    """tensor_key of a BSND cache [B, S, ...] that grows by a row per decode step, without its length S and batch
+    stride: a plan that reads those at each call serves every length."""
+    return None if t is None else (t.shape[0], t.shape[2:], t.stride()[1:], t.dtype, t.device.type)
 
 
 def without_native(fn: Callable[..., Any]) -> Callable[..., Any]:

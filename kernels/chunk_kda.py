@@ -128,9 +128,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if static_checks_needed():
         validate(q, k, v, g, beta, initial_state, chunk_size)
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
-    signature = (*((t.shape, t.stride(), t.dtype, t.device.type) for t in (q, k, v, g, beta)),
-                 None if initial_state is None else (initial_state.shape, initial_state.stride(), initial_state.dtype),
-                 scale, output_final_state, chunk_size)
+    signature = (*map(call_plans.tensor_key, (q, k, v, g, beta, initial_state)), scale, output_final_state,
+                 chunk_size)
     plan = _PLANS.get(signature)
     if plan is not None:
         return plan(*args)

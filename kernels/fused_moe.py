@@ -16,6 +16,8 @@ dtype: measured single-threaded on this machine (AVX512-BF16, oneDNN), a bf16 ex
 faster than the fp32 one from 4 rows up and on par for a single row, and converting the expert weights
 to fp32 would cost more than the GEMM itself.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -121,16 +123,13 @@ def _one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weight
     if cls is None:
         _PLANS.put(signature, _fused_moe_one_token)
         return _fused_moe_one_token(*args)
-    native_plan = fused_moe_native.token_plan(fused_moe_native.kernel(), x, w13, w2, topk_ids, _check_ids_of(w13))
+    native_plan = fused_moe_native.token_plan(fused_moe_native.kernel(), x, w13, w2, topk_ids,
+                                              functools.partial(_check_ids, experts=w13.shape[0]))
     result = dispatch.run(OP, NATIVE_SOURCE, cls, lambda: native_plan(*args), lambda: _fused_moe_one_token(*args))
     impl = dispatch.known(OP, cls)
     if impl is not None:
         _PLANS.put(signature, native_plan if impl == "native" else _fused_moe_one_token)
     return result
-
-
-def _check_ids_of(w13: torch.Tensor):
-    return lambda topk_ids: _check_ids(topk_ids, w13.shape[0])
 
 
 def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -27,7 +27,6 @@ kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/
 definition in kernels/indexer_reference.py.
 """
 import functools
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -130,37 +129,22 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     cls = native_class(query, key, weights, block_table=block_table, query_scale=query_scale, key_scale=key_scale)
     if cls is None:
         return run()
-    native_plan = lightning_indexer_native.native_path(query, key, block_table, weights, sparse_count, _lengths,
-                                                       functools.partial(_visible, sparse_mode=sparse_mode))
+    native_plan = lightning_indexer_native.native_path(
+        query, key, block_table, weights, sparse_count,
+        functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"),
+        functools.partial(visible_keys, sparse_mode=sparse_mode))
     result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls,
                           lambda: native_plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
                                               block_table), dispatch.torch_path(run))
     impl = dispatch.known(OP, cls)
     if impl is not None:
-        _PLANS.put(signature, native_plan if impl == "native" else call_plans.without_native(_torch_plan(
-            query_scale, key_scale, sparse_count, sparse_mode)))
+        _PLANS.put(signature, native_plan if impl == "native" else call_plans.without_native(functools.partial(
+            _torch_indexer, query_scale=query_scale, key_scale=key_scale, sparse_count=sparse_count,
+            sparse_mode=sparse_mode)))
     return result
 
 
-def _torch_plan(query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
-                sparse_mode: int) -> Callable[..., tuple[Tensor, Tensor]]:
-    def plan(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None, key_lengths: Tensor | None,
-             block_table: Tensor | None) -> tuple[Tensor, Tensor]:
-        return _torch_indexer(query, key, weights, query_lengths, key_lengths, block_table, query_scale,
-                              key_scale, sparse_count, sparse_mode)
-    return plan
-
-
 _PLANS = call_plans.Plans(OP)
-
-
-def _lengths(query: Tensor, key: Tensor, block_table: Tensor | None, query_lengths: Tensor | None,
-             key_lengths: Tensor | None) -> tuple[list[int], list[int]]:
-    return sequence_lengths(OP, query, key, block_table, query_lengths, key_lengths, "actual_seq_lengths_key")
-
-
-def _visible(row: int, query_len: int, key_len: int, sparse_mode: int) -> int:
-    return visible_keys(row, query_len, key_len, sparse_mode)
 
 
 def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None,
@@ -169,13 +153,11 @@ def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tenso
     """What a plan depends on (kernels/call_plans). Unpaged keys [B, S2, 1, D] grow by a row per decode step: their
     length and batch stride are left out (the plan reads them at each call) but for the power-of-two bucket of
     S2 that kernels/dispatch.py classes calls by."""
-    def of(t: Tensor | None) -> tuple | None:
-        return None if t is None else (t.shape, t.stride(), t.dtype, t.device.type)
-    keys = of(key) if block_table is not None else \
-        (key.shape[0], key.shape[2:], key.stride()[1:], key.dtype, key.device.type, dispatch.bucket(key.shape[1]))
+    keys = call_plans.tensor_key(key) if block_table is not None else \
+        (call_plans.growing_key(key), dispatch.bucket(key.shape[1]))
     lengths = tuple(None if t is None else (t.dtype, t.shape) for t in (query_lengths, key_lengths))
-    return (of(query), keys, of(weights), lengths, of(block_table), query_scale is None, key_scale is None,
-            sparse_count, sparse_mode)
+    return (call_plans.tensor_key(query), keys, call_plans.tensor_key(weights), lengths,
+            call_plans.tensor_key(block_table), query_scale is None, key_scale is None, sparse_count, sparse_mode)
 
 
 def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,

@@ -134,10 +134,6 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     batch, s1, heads, dim = query.shape
     q_code, q_item, copy_query = native.DTYPE_CODES[query.dtype], query.element_size(), not (
         query.stride(3) == 1 and query.stride(2) == dim)
-    key_code, key_item, row_stride = native.DTYPE_CODES[key.dtype], key.element_size(), key.stride(1)
-    block_stride, block_size = (key.stride(0), key.shape[1]) if block_table is not None else (0, 1)
-    convert_table = block_table is not None and not (block_table.dtype is torch.int32 and block_table.is_contiguous())
-    table_step = 0 if block_table is None else block_table.shape[1] * 4
     w_float = weights.dtype is torch.float32 and weights.is_contiguous()
     rows_fn, score_fn = _typed(native.load(NATIVE_SOURCE).lib)[5], found[0]
 
@@ -162,14 +158,11 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         lq, lk = lengths(query, key, block_table, lq_tensor, lk_tensor)
         q = query.contiguous() if copy_query else query
         w = weights if w_float else weights.float().contiguous()
-        tab = block_table.to(torch.int32).contiguous() if convert_table else block_table
         indices = torch.full((batch, s1, 1, k), -1, dtype=torch.int32)
         values = torch.full((batch, s1, 1, k), float("-inf"), dtype=torch.float32)
-        key_base, batch_step = key.data_ptr(), 0 if tab is not None else key.stride(0) * key_item
-        threads = torch.get_num_threads()
+        keys_of, threads = _key_args(key, block_table), torch.get_num_threads()   # the key length of this call
         for b in range(batch):
-            keys = (key_base + b * batch_step, key_code, row_stride, block_stride,
-                    None if tab is None else tab.data_ptr() + b * table_step, block_size)
+            keys = keys_of(b)
             limits = [visible(t, lq[b], lk[b]) for t in range(lq[b])]
             q_row, w_row = q.data_ptr() + b * q.stride(0) * q_item, w.data_ptr() + b * w.stride(0) * 4
             out = (indices.data_ptr() + b * s1 * k * 4, values.data_ptr() + b * s1 * k * 4)

@@ -31,7 +31,7 @@ def _rows_contiguous(x: Tensor) -> bool:
     return x.stride(3) == 1 and x.stride(2) == x.shape[3] and x.stride(1) == x.shape[2] * x.shape[3]
 
 
-def takes(query: Tensor, query_rope: Tensor | None, block_table: Tensor | None) -> bool:
+def takes(query: Tensor, query_rope: Tensor | None) -> bool:
     """Whether `native_plan` serves this signature: fp32 query (and rope) rows stored contiguously (KV BSND or
     paged)."""
     return (query.dtype == torch.float32 and _rows_contiguous(query)

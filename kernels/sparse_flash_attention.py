@@ -50,12 +50,11 @@ from npu_graph.kernels.sfa_reference import reference_sparse_flash_attention as 
 from npu_graph.kernels.sfa_torch import kv_readers, torch_batch
 
 
-def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
-                                scale_value: float, block_table: Tensor | None,
-                                actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
-                                query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
-                                value_scale: Tensor | None, sparse_block_size: int,
-                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
+                 block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
+                 actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
+                 key_scale: Tensor | None, value_scale: Tensor | None, sparse_block_size: int,
+                 sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
     check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
@@ -78,17 +77,6 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
 
 
 _PLANS = call_plans.Plans(OP)
-
-
-def _signature(*tensors: Tensor | None) -> tuple:
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors)
-
-
-def _growing_kv_signature(*kv: Tensor | None, sparse_block_size: int) -> tuple:
-    """BSND key, value and key_rope [B, S2, 1, D] grow by a row per decode step: a plan reads their S2 and batch
-    stride at each call, so they are left out, but for what the dispatch class reads of S2 (native_class)."""
-    return (*(None if t is None else (t.shape[0], t.shape[2:], t.stride()[1:], t.dtype, t.is_cpu) for t in kv),
-            min(sparse_block_size, kv[0].shape[1]))
 
 
 @torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
@@ -122,11 +110,13 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     stores one)."""
     args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
-    kv = (key, value, key_rope) if block_table is not None else ()
-    signature = (*_signature(query, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
-                             query_rope, key_scale, value_scale, key_starts, *kv),
-                 *(() if kv else _growing_kv_signature(key, value, key_rope, sparse_block_size=sparse_block_size)),
-                 sparse_block_size, sparse_mode)
+    # a paged cache keeps its shape; BSND key, value and key_rope grow by a row per decode step: the plan reads
+    # their length at each call, the signature keeps only what the dispatch class reads of it (native_class)
+    kv_key = call_plans.tensor_key if block_table is not None else call_plans.growing_key
+    signature = (*map(call_plans.tensor_key, (query, sparse_indices, block_table, actual_seq_lengths_query,
+                                              actual_seq_lengths_kv, query_rope, key_scale, value_scale, key_starts)),
+                 *map(kv_key, (key, value, key_rope)), min(sparse_block_size, key.shape[1]), sparse_block_size,
+                 sparse_mode)
     plan = _PLANS.get(signature)
     return plan(*args) if plan is not None else _first_call(args, signature, sparse_block_size, sparse_mode)
 
@@ -148,7 +138,7 @@ def _first_call(args: tuple, signature: tuple, sparse_block_size: int, sparse_mo
         _PLANS.put(signature, call_plans.without_native(full))
     elif impl == "native":
         kernel = sfa_native.native_kernel(key, value, key_rope, block_table)
-        takes = kernel is not None and sfa_plan.takes(query, query_rope, block_table)
+        takes = kernel is not None and sfa_plan.takes(query, query_rope)
         _PLANS.put(signature, sfa_plan.native_plan(kernel, query, key, value, sparse_indices, query_rope, key_rope,
                                                     sparse_block_size, sparse_mode, full) if takes else full)
     return result
@@ -161,9 +151,9 @@ def _full_path(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor
                sparse_block_size: int, sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
     if has_padding(key_starts):
         sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
-    return _batches_cpu(query, key, value, sparse_indices, scale_value, block_table,
-                                       actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
-                                       key_scale, value_scale, sparse_block_size, sparse_mode)
+    return _batches_cpu(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+                        actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
+                        sparse_mode)
 
 
 def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *args: object,

@@ -352,8 +352,9 @@ int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_st
  * q + t * q_row_stride values (type q_dtype) and weights w + t * w_row_stride, and writes its k largest into
  * idx + t * k and val + t * k (li_topk). The rows are shared by `threads` OpenMP threads as they come (when the
  * call has PARALLEL_MIN_MACS of work), each row scored on one thread: a prefill row has too few keys for its own
- * team (a row's keys are split across threads only in li_row_topk, at decode). tie[t] is li_topk's code for row t (1: equal scores straddle the cut,
- * which the caller settles as torch.topk would). Returns 0, or -1 when out of memory. */
+ * team (a row's keys are split across threads only in li_row_topk, at decode). tie[t] is li_topk's code for
+ * row t (1: equal scores straddle the cut, which the caller settles as torch.topk would). Returns 0, or -1 when
+ * out of memory. */
 int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                  int64_t block_size, const int64_t *limits, int64_t rows, const void *q, int q_dtype,
                  int64_t q_row_stride, const float *w, int64_t w_row_stride, int64_t h, int64_t d, int bf16_dot,

@@ -84,7 +84,7 @@ def sfa_case(batch, s1, value_shared, rope, pad_starts):
     (1, 1, True, True, False), (3, 2, True, True, True), (2, 3, False, False, False), (2, 1, False, True, True)])
 def test_sparse_attention_plans_equal_the_full_path(batch, s1, value_shared, rope, pad_starts):
     args = sfa_case(batch, s1, value_shared, rope, pad_starts)
-    assert sfa_plan.takes(args[0], args[8], None)
+    assert sfa_plan.takes(args[0], args[8])
     first, second, hit = planned(sfa._PLANS, OPS.sparse_flash_attention, *args, sparse_mode=3)
     assert hit and same(first, second)
 
