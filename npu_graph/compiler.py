@@ -76,8 +76,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         if config.target == "npu":
             npu_compiled, report.extra["npu_program"] = npu.lower(gm, report.name, dump,
                                                                   npu.torchair_mode(config.mode))
-        compiled = npu_compiled or cpu.lower(gm, report.name, hoist,
-                                             config.experimental_config.frozen_parameter)
+        compiled = npu_compiled or cpu.lower(gm, report.name, hoist, config.experimental_config.frozen_parameter,
+                                             config.cpu.glue)
     except Exception as exc:
         raise CompileStepError("lower", exc) from exc
     report.timings_ms["lower"] = (time.perf_counter() - lower_start) * 1e3
@@ -90,7 +90,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.ops = op_count(gm)
     report.extra["runtime"] = {"mode": config.mode, "prologue": compiled._prologue is not None,
                                "prologue_parameters": len(compiled.param_indices),
-                               "frozen_parameters": compiled.frozen_parameters}
+                               "frozen_parameters": compiled.frozen_parameters, "glue": compiled.glue,
+                               "glue_reason": compiled.glue_reason}
     report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
     if dump:
         dump.write_text("compiled.py", compiled.source)

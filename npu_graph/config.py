@@ -76,6 +76,11 @@ class SuperKernelConfig(_StrictGroup):
 
 
 @dataclass
+class CpuConfig(_StrictGroup):
+    glue: str = "auto"          # code for the work between fused ops: npu_graph.targets.cpu / runtime.inductor_glue
+
+
+@dataclass
 class CacheConfig(_StrictGroup):
     enabled: bool = True
     dir: str | None = None
@@ -101,6 +106,7 @@ class CompilerConfig(_StrictGroup):
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     streams: StreamsConfig = field(default_factory=StreamsConfig)
     superkernel: SuperKernelConfig = field(default_factory=SuperKernelConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
 
@@ -194,6 +200,7 @@ FLAT_OPTIONS: dict[str, str] = {
     "streams": "streams.count",
     "superkernel": "superkernel.enabled",
     "superkernel_compiler": "superkernel.compiler",
+    "cpu_glue": "cpu.glue",
     "nz": "layout.nz",
     "frozen_parameter": "experimental_config.frozen_parameter",
     "mode": "mode",
@@ -209,6 +216,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "layout.nz": ("auto", "off"),
     "superkernel.enabled": (True, False),
     "superkernel.compiler": ("auto", "python", "inductor", "measured"),
+    "cpu.glue": ("auto", "python", "inductor"),
     "cache.enabled": (True, False),
     "verify.enabled": (True, False),
     "experimental_config.frozen_parameter": (True, False),
@@ -250,6 +258,8 @@ def _env_settings(env: dict[str, str]) -> dict[str, Any]:
         settings["debug.graph_dump.path"] = env["ASCEND_DSA_DUMP_DIR"]
     if env.get("ASCEND_DSA_CACHE_DIR"):
         settings["cache.dir"] = env["ASCEND_DSA_CACHE_DIR"]
+    if env.get("ASCEND_DSA_CPU_GLUE"):
+        settings["cpu.glue"] = env["ASCEND_DSA_CPU_GLUE"]
     return settings
 
 

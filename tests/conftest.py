@@ -12,6 +12,10 @@ from npu_graph.models.tiny_transformers import build_tiny
 # Native kernels wherever they apply (kernels/dispatch.py's "force" mode), so every test knows which path ran and
 # none depends on a timing; the dispatch tests set "auto" themselves. Processes the tests start inherit it.
 os.environ.setdefault("ASCEND_DSA_NATIVE", "1")
+# Graphs run as generated Python: Inductor's glue (npu_graph.runtime.inductor_glue) compiles C++ for each graph,
+# seconds a graph, which hundreds of small test graphs cannot afford. Its tests ask for it by option (options win
+# over the environment): tests/targets/test_inductor_glue.py and the generate() idiom tests.
+os.environ.setdefault("ASCEND_DSA_CPU_GLUE", "python")
 
 
 @pytest.fixture(autouse=True)

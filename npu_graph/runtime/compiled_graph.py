@@ -9,7 +9,8 @@ and its header resolves them through the `_bind` this module puts in its namespa
 
 The prologue runs again whenever a parameter object or its version counter changes; with
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
-Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel) and FROZEN_PARAMETERS.
+Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel), FROZEN_PARAMETERS and
+GLUE ('inductor' when the graph after the prologue is Inductor's generated module, npu_graph.runtime.inductor_glue).
 """
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ class CompiledGraph:
         traced = {} if compiler == "python" else _executed(source, globals_, name, direct_calls.AS_TRACED)
         bind_regions(self._self, namespace, traced)
         self.frozen_parameters = bool(namespace.get("FROZEN_PARAMETERS", False))
+        self.glue = namespace.get("GLUE", "python")      # what runs the graph (npu_graph.targets.cpu.lower)
+        self.glue_reason = ""
         self.prologue_runs = 0
         self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
         self._hoisted: tuple[Any, ...] = ()

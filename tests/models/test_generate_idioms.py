@@ -130,6 +130,17 @@ def test_compiled_forward_generates_eager_tokens(name, tiny_transformers, compil
     assert counts == [3, 0]
 
 
+def test_inductor_glue_generates_eager_tokens(tiny_transformers, compiles, recwarn, monkeypatch):
+    """Idiom 1 with the default glue choice ("auto"; the suite runs Python glue otherwise, tests/conftest.py): the
+    decode graphs run as Inductor's module with the fused ops called directly, tokens equal eager's."""
+    monkeypatch.setenv("ASCEND_DSA_CPU_GLUE", "auto")
+    counts = check_idiom(tiny_transformers("deepseek_v32"), "forward", [prompt(12, 1), prompt(12, 2)], TOKENS,
+                         compiles, recwarn)
+    assert counts == [3, 0]
+    glue = [report.extra["runtime"]["glue"] for reports in compiles for report in reports]
+    assert glue[1:] == ["inductor", "inductor"], [(r.name, r.extra["runtime"]) for rs in compiles for r in rs]
+
+
 def test_optimized_module_generate_runs_eagerly(tiny_transformers, compiles, recwarn):
     """Idiom 2: torch.compile(model) returns an OptimizedModule whose generate is the original module's bound
     method (OptimizedModule.__getattr__), so generate() calls the uncompiled model: eager tokens, no graph.

@@ -1,0 +1,121 @@
+"""Inductor as the CPU lowering's code generator for the work between fused ops.
+
+After the passes, a decode graph of a small model is ~40 fused-op calls and ~150 small ATen calls (views, cats,
+slices, a few elementwise ops). Run as one Python call per node, those ATen calls cost more than the math (the
+tiny DeepSeek-V3.2's decode step: ~190 calls). Inductor turns them into a few generated C++ loops and views
+that cost nothing (`reinterpret_tensor`), and calls what it does not lower (our fused ops, topk) as fallbacks.
+
+`compile_forward` hands the graph (fused ops included: Inductor keeps a custom op as one opaque call) to
+Inductor's `compile_fx_inner` with the graph's own fake inputs, inside the compile in progress, so a symbolic
+graph stays symbolic and any guard Inductor adds reaches Dynamo. It returns Inductor's generated module source
+with a `forward(self, *inputs)` adapter. The CPU lowering then binds that source's fused-op and ATen calls as
+it binds its own (npu_graph.targets.cpu_bindings): a fused op is called as its implementation, not through
+the dispatcher (`torch.ops.ascend_dsa.<op>.default` costs ~20-35 us a call more), so the source in the dump is
+what runs. Inductor's on-disk caches serve a graph compiled before; the generated source carries the C++ of its
+kernels, so a compile-cache entry holding it is self-contained.
+"""
+from __future__ import annotations
+
+from statistics import median
+
+import torch
+import torch.fx
+
+# "auto" gives the glue to Inductor when a graph has at least MIN_GLUE_NODES ATen calls and half of them produce at
+# most SMALL_NODE_ELEMENTS values (decode-sized work, where a call's Python dispatch costs more than its math); a
+# prefill's glue does real work per call, and the Python form saves Inductor's compile time.
+MIN_GLUE_NODES = 64
+SMALL_NODE_ELEMENTS = 8192
+
+ADAPTER = '''
+
+def forward(self, *inputs):
+    """The CPU runtime's calling convention over Inductor's boxed `call`."""
+    return tuple(call(list(inputs)))
+'''
+
+
+class GlueUnsupported(ValueError):
+    """The graph cannot run as Inductor's module alone (the reason says why); the Python form runs it."""
+
+
+# Outputs Inductor's module returns as the graph does: no view that AOT autograd's runtime would rebuild from an
+# input, and no extra base tensor among the outputs.
+_PLAIN_OUTPUTS = ("non_alias", "alias_of_intermediate", "alias_of_intermediate_base_is_user_output",
+                  "unsafe_view_alias")
+
+
+def _check_plain(meta: object) -> None:
+    """Raise GlueUnsupported unless AOT autograd's runtime wrapper around Inductor's `call` would do nothing:
+    input mutations kept in the graph, no outputs regenerated from inputs, no extra outputs or effect tokens."""
+    if meta is None:
+        raise GlueUnsupported("AOT autograd gave no view and mutation metadata")
+    if meta.num_mutated_inp_runtime_indices or meta.num_intermediate_bases or meta.tokens:
+        raise GlueUnsupported("the graph has input mutations, intermediate bases or effect tokens that AOT "
+                              "autograd's runtime wrapper applies outside Inductor's module")
+    kinds = {info.output_type.name for info in meta.output_info}
+    if not kinds <= set(_PLAIN_OUTPUTS):
+        raise GlueUnsupported(f"outputs of kind {sorted(kinds - set(_PLAIN_OUTPUTS))} are rebuilt by AOT "
+                              "autograd's runtime wrapper")
+
+
+def _elements(value: object) -> int | None:
+    """The number of values of a traced tensor (a symbolic size at its hint), else None."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    count = 1
+    for size in value.shape:
+        count *= (size.node.hint or 1) if isinstance(size, torch.SymInt) else int(size)
+    return count
+
+
+def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
+    """Whether "auto" gives gm's glue to Inductor (MIN_GLUE_NODES, SMALL_NODE_ELEMENTS), and why."""
+    sizes = [_elements(node.meta.get("val")) for node in gm.graph.nodes
+             if node.op == "call_function" and getattr(node.target, "namespace", None) == "aten"]
+    sizes = [n for n in sizes if n is not None]
+    if len(sizes) < MIN_GLUE_NODES:
+        return False, f"{len(sizes)} ATen calls (< {MIN_GLUE_NODES})"
+    middle = median(sizes)
+    if middle > SMALL_NODE_ELEMENTS:
+        return False, f"median ATen result of {middle:.0f} values (> {SMALL_NODE_ELEMENTS}): the calls do real work"
+    return True, f"{len(sizes)} ATen calls, median result {middle:.0f} values (<= {SMALL_NODE_ELEMENTS})"
+
+
+def _example_inputs(gm: torch.fx.GraphModule) -> list[object]:
+    """The graph's inputs as traced: fake tensors and SymInts from its placeholders' meta."""
+    values = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if "val" not in node.meta:
+            raise ValueError(f"placeholder {node.name} has no traced value; Inductor cannot compile the graph")
+        values.append(node.meta["val"])
+    return values
+
+
+def compile_forward(gm: torch.fx.GraphModule) -> str:
+    """Inductor's module source for `gm` (an inference ATen graph without get_attr nodes), ending in a
+    `forward(self, *inputs)` that returns the graph's outputs as a tuple."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    if gm.graph.find_nodes(op="get_attr"):
+        raise ValueError("the graph reads attributes; lift them into inputs before Inductor compiles it")
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    sources: list[str] = []
+
+    def inner(graph: torch.fx.GraphModule, inputs: list[object], **kwargs: object) -> object:
+        context = torch._guards.TracingContext.try_get()
+        _check_plain(None if context is None else context.fw_metadata)
+        compiled = compile_fx_inner(graph, inputs, **kwargs)
+        sources.append(getattr(compiled, "source_code", ""))
+        return compiled
+
+    # AOT autograd's own cache would hand back a compiled function without calling `inner` (no source to bind);
+    # Inductor's FX graph cache below it still serves a graph compiled before.
+    with torch._functorch.config.patch(enable_autograd_cache=False), \
+            torch._inductor.config.patch({"cpp.threads": 1}):
+        compile_fx(gm, _example_inputs(gm), inner_compile=inner)
+    source = sources[-1] if len(sources) == 1 else None
+    if not source:
+        raise RuntimeError("Inductor returned no module source for the graph")
+    return source.split("\nif __name__ == \"__main__\":", 1)[0] + ADAPTER

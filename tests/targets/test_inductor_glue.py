@@ -1,0 +1,115 @@
+"""Inductor as the code for the work between fused ops (npu_graph.runtime.inductor_glue, option cpu.glue): what
+"auto" picks and why, results equal to the Python form's, fused ops called as their implementations, the dump
+showing what runs, and graphs Inductor's module alone cannot run staying in Python."""
+import json
+import re
+import types
+import warnings
+
+import pytest
+import torch
+
+import npu_graph  # noqa: F401  (registers the fused ops)
+from npu_graph.backend import CompilationFallbackWarning
+from npu_graph.config import CompilerConfig, ConfigError
+from npu_graph.runtime import inductor_glue
+
+
+def _norm_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm the passes fuse, between chains of small elementwise ops and views."""
+    for _ in range(3):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        x = (torch.sigmoid(x) + x.transpose(0, 1).reshape(x.shape) * 0.5).relu()
+    return x
+
+
+def _summaries(dump) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(dump.glob("*/summary.json"))]
+
+
+def _compiled(fn, options: dict, *args):
+    compiled = torch.compile(fn, backend="ascend_dsa", options=options)
+    with torch.no_grad():
+        return compiled(*args)
+
+
+def test_inductor_glue_equals_python_and_calls_fused_ops_directly(tmp_path):
+    x, w = torch.randn(4, 4, 32), torch.randn(32)
+    expected = _compiled(_norm_chain, {"cache": False, "cpu_glue": "python"}, x, w)
+    torch._dynamo.reset()
+    got = _compiled(_norm_chain, {"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)}, x, w)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    (summary,) = _summaries(tmp_path)
+    assert summary["runtime"]["glue"] == "inductor", summary["runtime"]
+    assert summary["fused_ops"].get("rms_norm"), summary["fused_ops"]
+    source = next(tmp_path.glob("*/compiled.py")).read_text()
+    assert source.startswith("GLUE = 'inductor'\n") or "\nGLUE = 'inductor'\n" in source
+    assert "_ascend_dsa_direct_rms_norm(" in source
+    assert not re.search(r"torch\.ops\.ascend_dsa\.\w+\.default\(", source)   # no call through the dispatcher
+    assert "def call(self, args)" in source and "\ndef forward(self, *inputs):" in source
+
+
+def test_auto_keeps_small_graphs_in_python(tmp_path):
+    x, w = torch.randn(4, 4, 32), torch.randn(32)
+    _compiled(_norm_chain, {"cache": False, "cpu_glue": "auto", "dump_dir": str(tmp_path)}, x, w)
+    (summary,) = _summaries(tmp_path)
+    assert summary["runtime"]["glue"] == "python"
+    assert f"(< {inductor_glue.MIN_GLUE_NODES})" in summary["runtime"]["glue_reason"]
+
+
+def _graph_of(fn, *args) -> torch.fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(a) for a in args]
+        return make_fx(fn)(*fakes)
+
+
+def test_worth_compiling_reads_call_count_and_sizes():
+    def chain(x):
+        for _ in range(inductor_glue.MIN_GLUE_NODES):
+            x = x + 1
+        return x
+    worth, reason = inductor_glue.worth_compiling(_graph_of(chain, torch.randn(1, 64)))
+    assert worth, reason
+    worth, reason = inductor_glue.worth_compiling(_graph_of(chain, torch.randn(256, 512)))
+    assert not worth and "do real work" in reason
+    worth, reason = inductor_glue.worth_compiling(_graph_of(lambda x: x + 1, torch.randn(1, 64)))
+    assert not worth and "ATen calls" in reason
+
+
+def test_plain_metadata_is_required():
+    def meta(**kw):
+        base = dict(num_mutated_inp_runtime_indices=0, num_intermediate_bases=0, tokens={}, output_info=[])
+        return types.SimpleNamespace(**{**base, **kw})
+    out = types.SimpleNamespace
+    inductor_glue._check_plain(meta(output_info=[out(output_type=types.SimpleNamespace(name="non_alias"))]))
+    with pytest.raises(inductor_glue.GlueUnsupported, match="input mutations"):
+        inductor_glue._check_plain(meta(num_mutated_inp_runtime_indices=1))
+    with pytest.raises(inductor_glue.GlueUnsupported, match="alias_of_input"):
+        inductor_glue._check_plain(meta(output_info=[out(output_type=types.SimpleNamespace(name="alias_of_input"))]))
+    with pytest.raises(inductor_glue.GlueUnsupported, match="no view and mutation metadata"):
+        inductor_glue._check_plain(None)
+
+
+def test_glue_setting_is_validated_and_read_from_the_environment():
+    assert CompilerConfig.from_options({}, env={}).cpu.glue == "auto"
+    assert CompilerConfig.from_options({}, env={"ASCEND_DSA_CPU_GLUE": "python"}).cpu.glue == "python"
+    assert CompilerConfig.from_options({"cpu_glue": "inductor"}, env={"ASCEND_DSA_CPU_GLUE": "python"}).cpu.glue \
+        == "inductor"
+    with pytest.raises(ConfigError, match=r"cpu\.glue"):
+        CompilerConfig.from_options({"cpu_glue": "c++"}, env={})
+
+
+def test_explicit_inductor_glue_that_cannot_run_falls_back_with_a_warning():
+    """An output that is a view of an input is rebuilt by AOT autograd's runtime wrapper, which Inductor's module
+    alone does not run: asked for explicitly, the graph runs eagerly with the reason."""
+    def view_out(x):
+        return x.view(-1), (x * 2).sum()
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _compiled(view_out, {"cache": False, "cpu_glue": "inductor"}, x)
+    assert torch.equal(got[0], x.view(-1)) and torch.equal(got[1], (x * 2).sum())
+    messages = [str(w.message) for w in caught if issubclass(w.category, CompilationFallbackWarning)]
+    assert messages and "AOT autograd" in messages[0], messages
