@@ -20,6 +20,10 @@ from statistics import median
 
 import torch
 import torch.fx
+from torch import Tensor
+
+from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
+from npu_graph.kernels.rotary_mul import reference_rotary_mul
 
 # "auto" gives the glue to Inductor when a graph has at least MIN_GLUE_NODES ATen calls and half of them produce at
 # most SMALL_NODE_ELEMENTS values (decode-sized work, where a call's Python dispatch costs more than its math); a
@@ -82,6 +86,26 @@ def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
     return True, f"{len(sizes)} ATen calls, median result {middle:.0f} values (<= {SMALL_NODE_ELEMENTS})"
 
 
+def _rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+    y, rstd = reference_rms_norm(x, gamma, epsilon)
+    return y.contiguous(), rstd                 # the op's layout (its fake): the graph's later views rely on it
+
+
+def _add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    y, rstd, x = reference_add_rms_norm(x1, x2, gamma, epsilon)
+    return y.contiguous(), rstd, x.contiguous()
+
+
+def _decompositions() -> dict[object, object]:
+    """Inductor's table plus the elementwise fused ops written out: at decode sizes Inductor's loop for an RMSNorm
+    or a RoPE, fused with its neighbours, costs less than a call of the op's CPU implementation; the ops with a
+    search, a gather or data checks (indexer, sparse attention, MoE, causal_lengths) stay single calls."""
+    from torch._inductor.decomposition import select_decomp_table
+    ops = torch.ops.ascend_dsa
+    return {**select_decomp_table(), ops.rms_norm.default: _rms_norm, ops.add_rms_norm.default: _add_rms_norm,
+            ops.rotary_mul.default: reference_rotary_mul}
+
+
 def _example_inputs(gm: torch.fx.GraphModule) -> list[object]:
     """The graph's inputs as traced: fake tensors and SymInts from its placeholders' meta."""
     values = []
@@ -114,7 +138,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     # Inductor's FX graph cache below it still serves a graph compiled before.
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._inductor.config.patch({"cpp.threads": 1}):
-        compile_fx(gm, _example_inputs(gm), inner_compile=inner)
+        compile_fx(gm, _example_inputs(gm), inner_compile=inner, decompositions=_decompositions())
     source = sources[-1] if len(sources) == 1 else None
     if not source:
         raise RuntimeError("Inductor returned no module source for the graph")

@@ -47,10 +47,10 @@ def _inductor_source(gm: torch.fx.GraphModule, glue: str) -> tuple[str | None, s
         reason = "option cpu.glue='inductor'"
     try:
         return inductor_glue.compile_forward(_graph_copy(gm)), reason
-    except inductor_glue.GlueUnsupported as exc:
+    except Exception as exc:        # "auto" keeps the Python form, which runs any graph; the reason is reported
         if glue == "inductor":
             raise
-        return None, f"Inductor's module alone cannot run it: {exc}"
+        return None, f"Inductor could not take the graph ({type(exc).__name__}: {exc})"
 
 
 def _python_source(gm: torch.fx.GraphModule, rewrap: bool) -> tuple[str, dict, dict]:
