@@ -23,6 +23,12 @@ def _norm_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _norm_chain_with_lengths(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """_norm_chain, scaled by the key lengths of a causal mask (a fused op that stays one call)."""
+    _, lengths, _ = torch.ops.ascend_dsa.causal_lengths(mask)
+    return _norm_chain(x, w) * lengths.float().sum()
+
+
 def _summaries(dump) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(dump.glob("*/summary.json"))]
 
@@ -34,17 +40,21 @@ def _compiled(fn, options: dict, *args):
 
 
 def test_inductor_glue_equals_python_and_calls_fused_ops_directly(tmp_path):
-    x, w = torch.randn(4, 4, 32), torch.randn(32)
-    expected = _compiled(_norm_chain, {"cache": False, "cpu_glue": "python"}, x, w)
+    """The RMSNorms are fused by the passes, then written out in Inductor's loops; causal_lengths stays a call,
+    bound to its implementation."""
+    x, w, mask = torch.randn(4, 4, 32), torch.randn(32), torch.ones(1, 4, 4, dtype=torch.bool).tril()
+    expected = _compiled(_norm_chain_with_lengths, {"cache": False, "cpu_glue": "python"}, x, w, mask)
     torch._dynamo.reset()
-    got = _compiled(_norm_chain, {"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)}, x, w)
+    got = _compiled(_norm_chain_with_lengths, {"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)},
+                    x, w, mask)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     (summary,) = _summaries(tmp_path)
     assert summary["runtime"]["glue"] == "inductor", summary["runtime"]
     assert summary["fused_ops"].get("rms_norm"), summary["fused_ops"]
     source = next(tmp_path.glob("*/compiled.py")).read_text()
     assert source.startswith("GLUE = 'inductor'\n") or "\nGLUE = 'inductor'\n" in source
-    assert "_ascend_dsa_direct_rms_norm(" in source
+    assert "_ascend_dsa_direct_causal_lengths(" in source        # a fused op called as its implementation
+    assert "_ascend_dsa_direct_rms_norm(" not in source            # an elementwise one written out for Inductor
     assert not re.search(r"torch\.ops\.ascend_dsa\.\w+\.default\(", source)   # no call through the dispatcher
     assert "def call(self, args)" in source and "\ndef forward(self, *inputs):" in source
 
