@@ -111,7 +111,8 @@ def test_bad_options_with_a_backend_object_raise_instead_of_falling_back():
         torch.compile(model, backend=get_backend(), options={"streams": 0})(x)
 
 
-def test_get_backend_takes_torchairs_compiler_config_keyword():
+def test_get_backend_takes_torchairs_compiler_config_keyword(monkeypatch):
+    monkeypatch.delenv("ASCEND_DSA_CPU_GLUE", raising=False)   # the suite's default (conftest) is not an object's
     config = CompilerConfig()
     config.streams.count = 2
     backend = get_backend(compiler_config=config)
@@ -158,7 +159,8 @@ def test_frozen_parameters_are_read_once_and_never_checked_again(built_graphs, m
     assert graph.frozen_parameters and graph.prologue_runs == 1
     assert read_by_first_call == 2 and len(versions_read) == 2, "no parameter checks after the first call"
     assert backend.reports[-1].extra["runtime"] == {"mode": "default", "prologue": True, "prologue_parameters": 2,
-                                                    "frozen_parameters": True}
+                                                    "frozen_parameters": True, "glue": "python",
+                                                    "glue_reason": "option cpu.glue='python'"}
 
 
 def test_without_frozen_parameters_an_update_is_seen(built_graphs):
