@@ -17,6 +17,7 @@ from npu_graph.kernels import dispatch
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.observe import progress
+from npu_graph.observe.report import glue_summary
 from npu_graph.tools.bench_e2e_kimi import kimi_prefill_rows
 from npu_graph.tools.timing import time_side_by_side
 
@@ -114,6 +115,7 @@ def measure_case(name: str, model: HybridLM, ids: torch.Tensor, start: int, repe
                      "ops_vs_eager": op_counts[backend] / op_counts["eager"] if op_counts[backend] else None,
                      "max_abs_diff_vs_eager": err,
                      "impl": impl if backend in ours else None,
+                     "glue": glue_summary(ours[backend].reports) if backend in ours else None,
                      "superkernels": sum(r.extra.get("superkernels", {}).get("count", 0)
                                          for r in ours[backend].reports) if backend in ours else None})
     return rows

@@ -34,6 +34,7 @@ import npu_graph
 from npu_graph.kernels import dispatch
 from npu_graph.models.tiny_transformers import EXTRA, build_tiny
 from npu_graph.observe import progress
+from npu_graph.observe.report import glue_summary
 from npu_graph.tools.timing import time_side_by_side
 
 BACKENDS = ("eager", "inductor", "ascend_dsa")
@@ -187,7 +188,8 @@ def measure_generate(case: Case, backends: Sequence[str] = BACKENDS, repeat: int
     figures = {name: _figures(runner, case.new_tokens) for name, runner in runners.items()}
     reference = runners["eager"].outputs[0]
     return [_row(case, name, runners[name], figures, reference, first_s[name], graphs[name], busy,
-                 {"impl": impl, "fallback_graphs": sum(1 for r in ours.reports if r.fallback)}
+                 {"impl": impl, "fallback_graphs": sum(1 for r in ours.reports if r.fallback),
+                  "glue": glue_summary(ours.reports)}
                  if name == "ascend_dsa" else {})
             for name in runners]
 
@@ -225,7 +227,7 @@ def _row(case: Case, name: str, runner: Runner, figures: dict[str, dict[str, flo
             "prefill_speedup_vs_inductor": _ratio(inductor.get("prefill_ms"), mine["prefill_ms"]),
             "decode_speedup_vs_eager": _ratio(mine["decode_tok_s"], eager["decode_tok_s"]),
             "decode_speedup_vs_inductor": _ratio(mine["decode_tok_s"], inductor.get("decode_tok_s")),
-            "fallback_graphs": None, "impl": None, **extra}
+            "fallback_graphs": None, "impl": None, "glue": None, **extra}
 
 
 def _ratio_notes(rows: list[dict[str, Any]]) -> list[str]:

@@ -73,3 +73,8 @@ class GraphReport:
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
             "fallback": self.fallback, **self.extra,
         }
+
+
+def glue_summary(reports: list[GraphReport]) -> str:
+    """What ran each CPU graph's glue, in compile order (summary.json's runtime.glue): "inductor,python,..."."""
+    return ",".join(r.extra.get("runtime", {}).get("glue", "?") for r in reports)
