@@ -12,7 +12,7 @@ from npu_graph.tools.cli import _parser
 FIELDS = {"case", "backend", "prompt", "new_tokens", "busy", "prefill_ms", "decode_tok_s", "generate_ms",
           "first_generate_s", "graphs", "recompiles", "tokens_equal", "first_diff_token", "prefill_speedup_vs_eager",
           "prefill_speedup_vs_inductor", "decode_speedup_vs_eager", "decode_speedup_vs_inductor", "fallback_graphs",
-          "impl"}
+          "impl", "glue"}
 TINY_LLAMA = bench_generate.Case("llama tiny", "llama", prompt_len=8, new_tokens=3)
 
 
