@@ -5,14 +5,18 @@ slices, a few elementwise ops). Run as one Python call per node, those ATen call
 tiny DeepSeek-V3.2's decode step: ~190 calls). Inductor turns them into a few generated C++ loops and views
 that cost nothing (`reinterpret_tensor`), and calls what it does not lower (our fused ops, topk) as fallbacks.
 
-`compile_forward` hands the graph (fused ops included: Inductor keeps a custom op as one opaque call) to
-Inductor's `compile_fx_inner` with the graph's own fake inputs, inside the compile in progress, so a symbolic
-graph stays symbolic and any guard Inductor adds reaches Dynamo. It returns Inductor's generated module source
-with a `forward(self, *inputs)` adapter. The CPU lowering then binds that source's fused-op and ATen calls as
-it binds its own (npu_graph.targets.cpu_bindings): a fused op is called as its implementation, not through
-the dispatcher (`torch.ops.ascend_dsa.<op>.default` costs ~20-35 us a call more), so the source in the dump is
-what runs. Inductor's on-disk caches serve a graph compiled before; the generated source carries the C++ of its
-kernels, so a compile-cache entry holding it is self-contained.
+`compile_forward` hands the graph to Inductor's `compile_fx` with the graph's own fake inputs, inside the compile
+in progress, so a symbolic graph stays symbolic and any guard Inductor adds reaches Dynamo. AOT autograd traces it
+again with Inductor's decompositions, to which the elementwise fused ops (rms_norm, add_rms_norm, rotary_mul) are
+added as their reference formulas: Inductor fuses them into its loops. The other fused ops stay opaque calls.
+Only Inductor's generated module is kept, so a graph whose AOT metadata needs AOT autograd's runtime wrapper
+(input mutations outside the graph, outputs rebuilt from inputs) is refused (GlueUnsupported). Inductor's kernels
+run on one thread: a decode graph's loops are tiny, and an OpenMP team woken between fused ops costs more.
+The result is Inductor's module source with a `forward(self, *inputs)` adapter. The CPU lowering binds that
+source's fused-op and ATen calls as it binds its own (npu_graph.targets.cpu_bindings): a fused op is called as its
+implementation, not through the dispatcher (`torch.ops.ascend_dsa.<op>.default` costs ~20-35 us a call more), so
+the source in the dump is what runs. Inductor's on-disk caches serve a graph compiled before; the generated source
+carries the C++ of its kernels, so a compile-cache entry holding it is self-contained.
 """
 from __future__ import annotations
 
