@@ -28,6 +28,7 @@ from torch import Tensor
 
 from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
 from npu_graph.kernels.rotary_mul import reference_rotary_mul
+from npu_graph.passes.streams.cost_model import numel
 
 # "auto" gives the glue to Inductor when a graph has at least MIN_GLUE_NODES ATen calls and half of them produce at
 # most SMALL_NODE_ELEMENTS values (decode-sized work, where a call's Python dispatch costs more than its math); a
@@ -67,21 +68,11 @@ def _check_plain(meta: object) -> None:
                               "autograd's runtime wrapper")
 
 
-def _elements(value: object) -> int | None:
-    """The number of values of a traced tensor (a symbolic size at its hint), else None."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    count = 1
-    for size in value.shape:
-        count *= (size.node.hint or 1) if isinstance(size, torch.SymInt) else int(size)
-    return count
-
-
 def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
     """Whether "auto" gives gm's glue to Inductor (MIN_GLUE_NODES, SMALL_NODE_ELEMENTS), and why."""
-    sizes = [_elements(node.meta.get("val")) for node in gm.graph.nodes
-             if node.op == "call_function" and getattr(node.target, "namespace", None) == "aten"]
-    sizes = [n for n in sizes if n is not None]
+    values = [node.meta.get("val") for node in gm.graph.nodes
+              if node.op == "call_function" and getattr(node.target, "namespace", None) == "aten"]
+    sizes = [numel(value) for value in values if isinstance(value, torch.Tensor)]
     if len(sizes) < MIN_GLUE_NODES:
         return False, f"{len(sizes)} ATen calls (< {MIN_GLUE_NODES})"
     middle = median(sizes)

@@ -78,7 +78,8 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
     Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
     streams.drop_host_events(gm)
     prologue, used = None, []
-    if param_indices or glue != "python":
+    opened = bool(param_indices) or glue != "python"     # regions put back inline (for hoisting or for Inductor)
+    if opened:
         superkernel.inline(gm)
     if param_indices:
         prologue, used = split_prologue(gm, list(param_indices))
@@ -87,7 +88,7 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
     if by_inductor:
         globals_, attributes = {}, {}
     else:
-        source, globals_, attributes = _python_source(gm, rewrap=bool(param_indices) or glue != "python")
+        source, globals_, attributes = _python_source(gm, rewrap=opened)
     if prologue is not None:
         pro = prologue.graph.python_code(root_module="self")
         source = pro.src.replace("def forward(", "def prologue(", 1) + "\n" + source
