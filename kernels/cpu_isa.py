@@ -3,7 +3,7 @@
 The native kernels (kernels/native/*.c) are built once per level, each with its own compiler flags, and the
 library of the active level is loaded (kernels/native.py). Like oneDNN (`ONEDNN_MAX_CPU_ISA`) and PyTorch
 (`ATEN_CPU_CAPABILITY`), the level is detected at run time and can be forced lower with
-ASCEND_DSA_CPU_ISA=generic|avx2|avx512|avx512_bf16, so that every level's code is built, tested and
+ASCEND_DSA_CPU_ISA=generic|avx2|avx512|avx512_bf16|amx_bf16, so that every level's code is built, tested and
 benchmarked on any machine that can execute it. A level the CPU lacks, or a name that is not a level, is a
 clear error (IsaError) at the first native call.
 
@@ -13,16 +13,20 @@ Levels, lowest first (each includes the ones before it):
 - avx2: x86-64-v3 (AVX2, FMA, F16C, BMI1/2): 8 fp32 lanes, 16 vector registers.
 - avx512: x86-64-v4 (AVX-512 F, BW, CD, DQ, VL): 16 fp32 lanes, 32 vector registers.
 - avx512_bf16: avx512 plus AVX512-BF16 (bf16 dot products).
+- amx_bf16: avx512_bf16 plus AMX tiles with bf16 dot products (Sapphire Rapids and later Xeons): the bf16
+  indexer and sparse attention multiply 16 x 32 by 32 x 16 tiles. Linux hands a process the tile state only when
+  asked (arch_prctl ARCH_REQ_XCOMP_PERM); the level counts as supported once that request succeeds.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import platform
 from pathlib import Path
 
 from npu_graph.kernels import env_settings
 
-LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")
+LEVELS = ("generic", "avx2", "avx512", "avx512_bf16", "amx_bf16")
 ENV_ISA = env_settings.ISA
 
 # /proc/cpuinfo flags each level needs (the kernel lists a flag only when the OS saves the registers too).
@@ -30,7 +34,9 @@ _REQUIRED = {
     "avx2": {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"},
     "avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
     "avx512_bf16": {"avx512_bf16"},
+    "amx_bf16": {"amx_tile", "amx_bf16"},
 }
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18   # x86-64 Linux
 # torch's own detection, for x86 machines without /proc/cpuinfo (it says nothing about bf16).
 _TORCH_CAPABILITY = {"AVX2": "avx2", "AVX512": "avx512"}
 
@@ -59,11 +65,22 @@ def _cpuinfo_flags() -> set[str] | None:
     return None
 
 
+def _tile_state_granted() -> bool:
+    """Asks Linux for this process's AMX tile state (once is enough for every thread); whether it was granted."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _levels_from_flags(flags: set[str]) -> tuple[str, ...]:
     levels, needed = ["generic"], set()
     for level in LEVELS[1:]:
         needed |= _REQUIRED[level]
-        if not needed <= flags:
+        if not needed <= flags or (level == "amx_bf16" and not _tile_state_granted()):
             break
         levels.append(level)
     return tuple(levels)

@@ -56,6 +56,8 @@ _X86_LEVEL_FLAGS = {
     "avx2": ("-march=x86-64-v3", "-mtune=generic"),
     "avx512": ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
     "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic", "-mprefer-vector-width=512"),
+    "amx_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic",
+                 "-mprefer-vector-width=512"),
 }
 BUILD_TIMEOUT_S = 120
 ENV_SWITCH = env_settings.SWITCH

@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="generate only: keep one core busy in a separate process while measuring")
     bench.add_argument("--isa", default=None, metavar="LEVEL",
                        help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
-                            "avx512_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
+                            "avx512_bf16, amx_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
     bench.add_argument("--context", type=positive_int, default=None,
                        help="spec only: tokens of context, prompt and new tokens (default 4096; 256 with --quick)")
     bench.add_argument("--random-weights", action="store_true",

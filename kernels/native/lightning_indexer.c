@@ -234,6 +234,81 @@ static void score_range_bf16(const struct keys *k, const uint32_t *qp, const flo
 }
 #endif
 
+#ifdef __AMX_BF16__
+/* AMX (amx_bf16 level): 16 keys at a time, as one A tile straight from the stored rows (16 rows x 32 dims; rows
+ * that are not 16 equally spaced ones, a tail or keys across cache blocks, are copied into a zero-padded tile
+ * first), against B tiles of the pair-packed query qp [d/2][h] (16 pairs x 16 heads: the VNNI layout it already
+ * has); C tiles hold 16 keys x 16 heads in fp32, up to 4 head blocks per pass. The products are exact and summed
+ * in fp32, as in the AVX512-BF16 kernel (bf16 denormals count as zero). Each thread loads the tile configuration
+ * when it starts a range and releases the tiles after. */
+#include "amx_tiles.h"
+
+/* C tiles 0..nb-1 += A (tile 4: the keys' 32 dims from pair p0) x B (the query pairs p0.., heads hb + 16 j). */
+static inline void amx_step(const uint32_t *qp, int64_t h, int64_t hb, int64_t p0, int nb) {
+    const uint32_t *b = qp + p0 * h + hb;
+    _tile_loadd(5, b, h * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    if (nb > 1) { _tile_loadd(6, b + 16, h * 4); _tile_dpbf16ps(1, 4, 6); }
+    if (nb > 2) { _tile_loadd(7, b + 32, h * 4); _tile_dpbf16ps(2, 4, 7); }
+    if (nb > 3) { _tile_loadd(5, b + 48, h * 4); _tile_dpbf16ps(3, 4, 5); }
+}
+
+/* The 16 keys whose rows are `rows` (stride bytes apart from rows) against every head of qp: tot[16] += the
+ * weighted ReLU partial sums (add_weighted_relu). c: a thread buffer of 16 x 64 fp32. */
+static void amx_keys(const char *rows, int64_t stride, const uint32_t *qp, const float *w, int64_t d, int64_t h,
+                     float *c, vf *tot) {
+    for (int64_t hb = 0; hb < h; hb += 4 * VL) {
+        int nb = (int)((h - hb) / VL < 4 ? (h - hb) / VL : 4);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t p0 = 0; p0 < d / 2; p0 += 16) {
+            _tile_loadd(4, rows + p0 * 4, stride);
+            amx_step(qp, h, hb, p0, nb);
+        }
+        _tile_stored(0, c, 4 * VL * 4); _tile_stored(1, c + VL, 4 * VL * 4);
+        _tile_stored(2, c + 2 * VL, 4 * VL * 4); _tile_stored(3, c + 3 * VL, 4 * VL * 4);
+        for (int half = 0; half < 2; half++) {
+            vf lanes[TILE_MAX][NB_MAX];
+            for (int k = 0; k < TILE_MAX; k++) memcpy(lanes[k], c + (half * TILE_MAX + k) * 4 * VL, sizeof lanes[k]);
+            if (nb == 4) add_weighted_relu(lanes, w + hb, h, TILE_MAX, 4, tot + half * TILE_MAX);
+            else if (nb == 3) add_weighted_relu(lanes, w + hb, h, TILE_MAX, 3, tot + half * TILE_MAX);
+            else if (nb == 2) add_weighted_relu(lanes, w + hb, h, TILE_MAX, 2, tot + half * TILE_MAX);
+            else add_weighted_relu(lanes, w + hb, h, TILE_MAX, 1, tot + half * TILE_MAX);
+        }
+    }
+}
+
+/* Scores of bf16 keys [start, end) with AMX tiles (d a multiple of 32). pad: a thread buffer of 16 x d bf16. */
+static void score_range_amx(const struct keys *k, const uint32_t *qp, const float *w, int64_t d, int64_t h,
+                            int64_t start, int64_t end, int64_t n, float *c, uint16_t *pad, float *score) {
+    amx_configure();
+    int64_t row_bytes = k->row_stride * 2;
+    for (int64_t s0 = start; s0 < end; s0 += 16) {
+        int64_t m = end - s0 < 16 ? end - s0 : 16;
+        const char *rows = key_row(k, s0);
+        int64_t stride = row_bytes;
+        int in_block = !k->table || s0 % k->block_size + m <= k->block_size;
+        if (m < 16 || !in_block) {         /* copy the keys' rows into a zero-padded tile */
+            const char *src[16];
+            key_rows(k, s0, (int)m, n, src);
+            for (int i = 0; i < 16; i++) {
+                if (i < m) memcpy(pad + i * d, src[i], (size_t)(2 * d));
+                else memset(pad + i * d, 0, (size_t)(2 * d));
+            }
+            rows = (const char *)pad;
+            stride = 2 * d;
+        } else if (s0 + 16 + 16 < end) {
+            const char *ahead = key_row(k, s0 + 32 < n ? s0 + 32 : n - 1);
+            for (int i = 0; i < 16; i++)
+                for (int64_t off = 0; off < 2 * d; off += 64) __builtin_prefetch(ahead + i * row_bytes + off, 0, 3);
+        }
+        vf tot[16] = {{0}};
+        amx_keys(rows, stride, qp, w, d, h, c, tot);
+        for (int64_t i = 0; i < m; i++) score[s0 + i] = hsum(tot[i]);
+    }
+    _tile_release();
+}
+#endif
+
 /* The query q [h][d] (stored as q_dtype) packed for the micro-kernel in use (fp32: pack_query; bf16 dot products:
  * bf16 pairs [d/2][hp]), or NULL when out of memory. */
 static void *packed_query(const void *q, int q_dtype, int64_t h, int64_t hp, int64_t d, int bf16_dot) {
@@ -254,9 +329,22 @@ static void *packed_query(const void *q, int q_dtype, int64_t h, int64_t hp, int
     return qp;
 }
 
-/* Scores of keys [start, end) by the micro-kernel in use; kf: the thread's KC x d fp32 buffer (fp32 kernel). */
+/* Bytes of a thread's buffer: the fp32 kernel's KC x d widened keys; AMX's 16 x 64 fp32 C tiles and 16 x d bf16
+ * padded keys. */
+static size_t thread_floats(int64_t d, int bf16_dot) {
+    size_t floats = bf16_dot ? (size_t)(16 * 4 * VL + 8 * d + 16) : (size_t)(KC * d);
+    return floats * sizeof(float);
+}
+
+/* Scores of keys [start, end) by the micro-kernel in use; kf: the thread's buffer (thread_floats). */
 static void score_range(const struct keys *k, const void *qp, const float *w, int64_t d, int64_t h, int64_t start,
                         int64_t end, int64_t n, int bf16_dot, float *kf, float *score) {
+#ifdef __AMX_BF16__
+    if (bf16_dot && d % 32 == 0) {
+        score_range_amx(k, qp, w, d, h, start, end, n, kf, (uint16_t *)(kf + 16 * 4 * VL), score);
+        return;
+    }
+#endif
 #ifdef __AVX512BF16__
     if (bf16_dot) {
         score_range_bf16(k, qp, w, d, h, start, end, n, score);
@@ -291,8 +379,8 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
 #pragma omp parallel reduction(| : failed) num_threads(threads > 1 ? threads : 1) \
     if (threads > 1 && n * hp * d >= PARALLEL_MIN_MACS)
     {
-        float *kf = bf16_dot ? NULL : malloc((size_t)(KC * d) * sizeof(float));
-        failed = !bf16_dot && !kf;
+        float *kf = malloc(thread_floats(d, bf16_dot));
+        failed = !kf;
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t c = 0; c < chunks; c++)
             if (!failed)

@@ -39,6 +39,14 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int sfa_has_bf16_dot(void);
 
+static int sfa_has_amx(void) {
+#ifdef __AMX_BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Per-thread scratch slots, grown on demand and kept across calls (OpenMP threads persist):
  * 0 chunk buffers, 1 running state of the parts, 2 transposed query. */
 static __thread struct { float *p; size_t cap; } slots[3];
@@ -92,6 +100,7 @@ struct shape {
     int64_t Ha;         /* heads the fp32 micro-kernels and the softmax work on: 8 when H <= 8 < VL, else Hp */
     float scale;
     int bf16;           /* bf16 dot products straight from the stored rows (see the AVX512-BF16 section) */
+    int amx;            /* the bf16 mode on AMX tiles (see the AMX section) */
 };
 
 struct source {
@@ -327,6 +336,99 @@ static void chunk_bf16(const struct shape *sh, const struct source *src, const u
 int sfa_has_bf16_dot(void) { return 0; }
 #endif
 
+#ifdef __AMX_BF16__
+/* AMX (amx_bf16 level), in the bf16 mode when DL and DL + DR are multiples of 32: the same arithmetic as above
+ * (exact products, fp32 sums; probabilities rounded once to bf16) on tiles. Logits: the chunk's rows, kv then
+ * rope, copied one after another into A tiles (16 rows x 32 dims) against the pair-packed query as B tiles
+ * (16 pairs x 16 heads, the layout transpose_pairs gives), two row blocks per B tile. Weighted sum: the
+ * probabilities transposed to bf16 A tiles (16 heads x 32 rows) against the chunk's value rows interleaved in
+ * pairs as B tiles (16 pairs of rows x 16 dims), into C tiles loaded from and stored back to acc. */
+#include "amx_tiles.h"
+
+static int64_t amx_scratch_floats(const struct shape *sh) {
+    return (CHUNK * (sh->DL + sh->DR) + sh->Hp * CHUNK + CHUNK * sh->DL) / 2;
+}
+
+static void logits_amx(const struct shape *sh, const uint16_t *kt, const uint32_t *qT, int64_t n, float *s) {
+    int64_t E = sh->DL + sh->DR, Hp = sh->Hp;
+    for (int64_t hb = 0; hb < Hp; hb += 16) {
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t p0 = 0; p0 < E / 2; p0 += 16) {
+            _tile_loadd(5, qT + p0 * Hp + hb, Hp * 4);
+            _tile_loadd(2, kt + 2 * p0, E * 2);
+            _tile_dpbf16ps(0, 2, 5);
+            if (n > 16) {
+                _tile_loadd(3, kt + 16 * E + 2 * p0, E * 2);
+                _tile_dpbf16ps(1, 3, 5);
+            }
+        }
+        _tile_stored(0, s + hb, Hp * 4);
+        if (n > 16) _tile_stored(1, s + 16 * Hp + hb, Hp * 4);
+    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t h = 0; h < Hp; h += VL) vstore(s + r * Hp + h, vload(s + r * Hp + h) * sh->scale);
+}
+
+/* vb [CHUNK/2][DL] pairs: (value row 2j, value row 2j+1) dim by dim, zero rows past n. */
+static void pair_values(const struct shape *sh, const uint16_t *const *vrow, int64_t n, uint16_t *vb) {
+    static const uint16_t order[32] = { 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47 };
+    const __m512i interleave = _mm512_loadu_si512(order);
+    for (int64_t j = 0; j < CHUNK / 2; j++) {
+        uint16_t *out = vb + j * 2 * sh->DL;
+        for (int64_t d = 0; d < sh->DL; d += 16) {
+            __m512i e = 2 * j < n ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(vrow[2 * j] + d)))
+                                  : _mm512_setzero_si512();
+            __m512i o = 2 * j + 1 < n
+                            ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(vrow[2 * j + 1] + d)))
+                            : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi16(e, interleave, o));
+        }
+    }
+}
+
+static void weighted_values_amx(const struct shape *sh, const float *p, const uint16_t *vb, int64_t n,
+                                uint16_t *pa, float *acc) {
+    int64_t Hp = sh->Hp, DL = sh->DL;
+    for (int64_t h = 0; h < Hp; h++)
+        for (int64_t r = 0; r < CHUNK; r++) pa[h * CHUNK + r] = r < n ? (uint16_t)bf16_bits(p[r * Hp + h]) : 0;
+    for (int64_t h0 = 0; h0 < Hp; h0 += 16) {
+        float *a = acc + h0 * sh->DLp;
+        _tile_loadd(2, pa + h0 * CHUNK, CHUNK * 2);
+        for (int64_t d = 0; d < DL; d += 32) {
+            _tile_loadd(0, a + d, sh->DLp * 4);
+            _tile_loadd(1, a + d + 16, sh->DLp * 4);
+            _tile_loadd(5, vb + 2 * d, DL * 4);
+            _tile_loadd(6, vb + 2 * d + 32, DL * 4);
+            _tile_dpbf16ps(0, 2, 5);
+            _tile_dpbf16ps(1, 2, 6);
+            _tile_stored(0, a + d, sh->DLp * 4);
+            _tile_stored(1, a + d + 16, sh->DLp * 4);
+        }
+    }
+}
+
+/* One chunk on tiles: the rows copied for the logits, online softmax step, values paired, weighted sum. amx:
+ * the thread's amx_scratch_floats buffer. */
+static void chunk_amx(const struct shape *sh, const struct source *src, const uint32_t *qT, const int64_t *rows,
+                      int64_t n, float *s, float *m, float *l, float *acc, float *heads_tmp, float *amx) {
+    int64_t E = sh->DL + sh->DR;
+    uint16_t *kt = (uint16_t *)amx, *pa = kt + CHUNK * E, *vb = pa + sh->Hp * CHUNK;
+    const uint16_t *vrow[CHUNK];
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *k = (const uint16_t *)(src->kv + rows[i] * src->kv_stride);
+        memcpy(kt + i * E, k, (size_t)sh->DL * 2);
+        if (src->rope) memcpy(kt + i * E + sh->DL, src->rope + rows[i] * src->rope_stride, (size_t)sh->DR * 2);
+        vrow[i] = src->value ? (const uint16_t *)(src->value + rows[i] * src->value_stride) : k;
+    }
+    logits_amx(sh, kt, qT, n, s);
+    softmax_step(sh, s, n, m, l, acc, heads_tmp);
+    pair_values(sh, vrow, n, vb);
+    weighted_values_amx(sh, s, vb, n, pa, acc);
+}
+#endif
+
 static int64_t part_floats(const struct shape *sh) { return 2 * sh->Hp + sh->Hp * sh->DLp; }
 
 /* Which rows the query tokens select: token t's entries idx[t * idx_stride + j] (j < K), each standing for
@@ -374,7 +476,13 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
                        const struct selection *sel, struct cursor cur, float *part) {
     int64_t Hp = sh->Hp, DLp = sh->DLp;
     float *m = part, *l = part + Hp, *acc = part + 2 * Hp;
-    float *buf = scratch(0, (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4) + 3 * (size_t)Hp);
+    size_t own = (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4) + 3 * (size_t)Hp;
+#ifdef __AMX_BF16__
+    size_t tiles = sh->amx ? (size_t)amx_scratch_floats(sh) : 0;
+#else
+    size_t tiles = 0;
+#endif
+    float *buf = scratch(0, own + tiles);
     if (!buf) return 0;
     float *kbuf = buf, *vbuf = kbuf + CHUNK * DLp, *rbuf = vbuf + CHUNK * DLp, *s = rbuf + CHUNK * sh->DRp;
     int64_t *chunk = (int64_t *)(s + CHUNK * Hp), *next = chunk + CHUNK;
@@ -382,9 +490,17 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
     for (int64_t h = 0; h < Hp; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, Hp * DLp * sizeof(float));
     int64_t n = next_rows(sel, &cur, chunk, CHUNK);
+#ifdef __AMX_BF16__
+    if (sh->amx) amx_configure();
+#endif
     while (n > 0) {
         int64_t n_next = next_rows(sel, &cur, next, CHUNK);
         prefetch_chunk(sh, src, next, n_next);
+#ifdef __AMX_BF16__
+        if (sh->amx) {
+            chunk_amx(sh, src, (const uint32_t *)qT, chunk, n, s, m, l, acc, heads_tmp, buf + own);
+        } else
+#endif
 #ifdef __AVX512BF16__
         if (sh->bf16) {
             chunk_bf16(sh, src, (const uint32_t *)qT, chunk, n, s, (uint32_t *)kbuf, m, l, acc, heads_tmp);
@@ -396,6 +512,9 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
         memcpy(chunk, next, n_next * sizeof(int64_t));
         n = n_next;
     }
+#ifdef __AMX_BF16__
+    if (sh->amx) _tile_release();
+#endif
     return 1;
 }
 
@@ -521,7 +640,7 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
                && (!rope || rope_dtype == BF16);
     int64_t Hp = round_up(H, VL);
     struct shape sh = { H, Hp, DL, round_up(DL, VL), DR, round_up(DR, VL), VL > 8 && H <= 8 && !bf16 ? 8 : Hp, scale,
-                          bf16 };
+                          bf16, sfa_has_amx() && bf16 && DL % 32 == 0 && (DL + DR) % 32 == 0 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
     struct selection sel = { idx, table, idx_stride, K, block, block_size, lq, lkv, causal };

@@ -19,11 +19,19 @@ AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
     (AVX2, ("generic", "avx2")),
     (AVX512 - {"avx512vl"}, ("generic", "avx2")),
     (AVX512, ("generic", "avx2", "avx512")),
-    (AVX512 | {"avx512_bf16"}, cpu_isa.LEVELS),
+    (AVX512 | {"avx512_bf16"}, cpu_isa.LEVELS[:4]),
+    (AVX512 | {"avx512_bf16", "amx_tile"}, cpu_isa.LEVELS[:4]),       # tiles without bf16 tile products
     (AVX2 | {"avx512_bf16"}, ("generic", "avx2")),     # bf16 without AVX-512 adds nothing
 ])
 def test_levels_from_flags(flags, levels):
     assert cpu_isa._levels_from_flags(flags) == levels
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_amx_needs_the_tile_state_from_the_os(monkeypatch, granted):
+    monkeypatch.setattr(cpu_isa, "_tile_state_granted", lambda: granted)
+    levels = cpu_isa._levels_from_flags(AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"})
+    assert levels == (cpu_isa.LEVELS if granted else cpu_isa.LEVELS[:4])
 
 
 def test_this_cpu():

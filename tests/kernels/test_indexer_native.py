@@ -42,7 +42,7 @@ def test_matches_reference(case, dtype, path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("block_size", [16, 24, 128])    # 24: 16 keys cross a block (amx_bf16 copies them)
 def test_paged_keys_with_lengths(dtype, block_size, path):
     q, key, w = make_inputs(2, 1, 16, 64, 1000, dtype, seed=7)
     cache, table = to_paged(key, block_size, seed=block_size)

@@ -31,6 +31,7 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
     (2, 7, 4, 48, 8, 40, 16, 3, 1, 3),          # prefill: a thread per token, causal masking
     (2, 3, 3, 24, 0, 50, 12, 0, 1, 0),          # no rope, dims not multiples of 16
     (1, 4, 2, 32, 6, 64, 6, 3, 4, 1),           # blocks of 4 positions per index
+    (1, 3, 20, 64, 32, 200, 21, 3, 1, 2),       # tile-shaped dims (amx_bf16), chunks of 21 and fewer rows
 ]
 
 
