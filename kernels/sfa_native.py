@@ -28,6 +28,16 @@ def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16())
 
 
+def call_entry() -> ctypes._CFuncPtr:
+    """sfa_call, the whole-call entry the plans use (kernels/sfa_plan.py), of the library native_kernel loaded."""
+    return _typed_call(native.load(NATIVE_SOURCE).lib)
+
+
+@functools.cache
+def _typed_call(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_call")
+
+
 def _row_major(x: Tensor | None, paged: bool) -> bool:
     """The kernel reads row r of a [B,S2,1,D] tensor at x[b].data_ptr() + r·stride(1) and of a paged cache at
     x.data_ptr() + r·stride(1): D contiguous, and a cache's blocks one after another."""
@@ -74,8 +84,9 @@ def native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: in
     rope, rope_stride = _rows_base(key_rope, b, paged)
     n1, dl = q.shape[1:]
     ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), n1, dl,
-                0 if q_rope is None else q_rope.shape[2], indices[b].data_ptr(), indices.stride(1),
-                indices.shape[3], block, lq, lkv, mode == 3, table[b].data_ptr() if paged else None, key.shape[1],
+                0 if q_rope is None else q_rope.shape[2], indices[b].data_ptr(), True, indices.stride(1),
+                indices.shape[3], block, lq, lkv, mode == 3, table[b].data_ptr() if paged else None, True,
+                key.shape[1],
                 kv, kv_stride, v, v_stride, rope, rope_stride, native.DTYPE_CODES[key.dtype],
                 native.DTYPE_CODES[key.dtype if key_rope is None else key_rope.dtype], scale, bf16_dot,
                 torch.get_num_threads(), NATIVE_SPLIT_ROWS, target.data_ptr(), softmax_max[b].data_ptr(),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels import native, sfa_native
+from npu_graph.kernels import native, native_prototypes, sfa_native
 from npu_graph.kernels.indexer_checks import sequence_lengths
 from npu_graph.kernels.key_windows import drop_padding, has_padding
 from npu_graph.kernels.sfa_checks import OP, check_data
@@ -45,20 +45,61 @@ def outputs(query: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             torch.zeros(query.shape[:3], dtype=torch.float32, device=query.device))
 
 
-def native_plan(kernel: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
-                query_rope: Tensor | None, key_rope: Tensor | None, sparse_block_size: int, sparse_mode: int,
-                full_path: Plan) -> Plan:
-    """The native kernel for calls of this signature (`takes` holds); `full_path` runs a call whose kernel could not
-    allocate its scratch memory."""
+@native_prototypes.struct(sfa_native.NATIVE_SOURCE, "sfa_call_args")
+class CallArgs(ctypes.Structure):
+    """struct sfa_call_args of native/sparse_attention.c: what a plan fixes (its layout is checked against the C by
+    tests/kernels/test_native_prototypes.py)."""
+    _fields_ = [*((name, ctypes.c_int64) for name in (
+        "batch", "s1", "H", "DL", "DR", "K", "block", "block_size", "num_blocks", "q_batch", "qr_batch", "idx_batch",
+        "idx_token", "table_row", "kv_stride", "value_stride", "rope_stride", "split_rows")),
+                *((name, ctypes.c_int) for name in ("idx64", "table64", "lq64", "lkv64", "causal", "kv_dtype",
+                                                    "rope_dtype"))]
+
+
+_BAD_DATA = {2: "actual_seq_lengths_query", 3: "actual_seq_lengths_kv", 4: "sparse_indices", 5: "block_table"}
+
+
+def _int_dtype(x: Tensor | None) -> torch.dtype | None:
+    """The dtype the kernel reads an integer operand in: its own when int32 or int64, else int64."""
+    return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
+
+
+def _as(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    """x as the kernel reads it: `dtype` (the plan's _int_dtype), contiguous (copied only when not already)."""
+    if x is None or (x.dtype is dtype and x.is_contiguous()):
+        return x
+    return x.to(dtype).contiguous()
+
+
+def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_indices: Tensor,
+               block_table: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
+               sparse_block_size: int, sparse_mode: int) -> CallArgs:
+    """The fixed part of the kernel's arguments for this signature; dtypes: those of sparse_indices, block_table and
+    the two lengths as the kernel reads them (contiguous: their strides follow from their shapes)."""
     batch, s1, n1, dl = query.shape
-    rope_dim = 0 if query_rope is None else query_rope.shape[3]
-    q_step, rope_step = query.stride(0) * 4, 0 if query_rope is None else query_rope.stride(0) * 4
-    key_item, key_stride, value_item, value_stride = key.element_size(), key.stride(1), value.element_size(), \
-        value.stride(1)
-    k_rope_item, k_rope_stride = (0, 0) if key_rope is None else (key_rope.element_size(), key_rope.stride(1))
-    codes = native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[key.dtype if key_rope is None else key_rope.dtype]
-    top_k, causal = sparse_indices.shape[3], sparse_mode == 3
-    out_step, stat_step = s1 * n1 * dl * 4, s1 * n1 * 4
+    top_k = sparse_indices.shape[3]
+    return CallArgs(batch, s1, n1, dl, 0 if query_rope is None else query_rope.shape[3], top_k,
+                    sparse_block_size, key.shape[1], key.shape[0], query.stride(0),
+                    0 if query_rope is None else query_rope.stride(0), s1 * top_k, top_k,
+                    0 if block_table is None else block_table.shape[1], key.stride(1), value.stride(1),
+                    0 if key_rope is None else key_rope.stride(1), sfa_native.NATIVE_SPLIT_ROWS,
+                    *(dtype is torch.int64 for dtype in dtypes), sparse_mode == 3,
+                    native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[(key if key_rope is None else key_rope).dtype])
+
+
+def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
+                block_table: Tensor | None, lengths: tuple[Tensor | None, Tensor | None], query_rope: Tensor | None,
+                key_rope: Tensor | None, sparse_block_size: int, sparse_mode: int, full_path: Plan) -> Plan:
+    """The native kernel for calls of this signature (`takes` holds): one call of `entry` (sfa_call), which checks
+    the data (lengths, block table, indices) and writes every output; a failed check is raised by the Python
+    checks, with their messages, and a call whose kernel could not allocate its scratch memory goes to
+    `full_path`."""
+    dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(_int_dtype, (sparse_indices, block_table,
+                                                                                 *lengths)))
+    fixed = _call_args(query, key, value, dtypes, sparse_indices, block_table, query_rope, key_rope,
+                       sparse_block_size, sparse_mode)
+    args = ctypes.byref(fixed)
+    paged, shared = block_table is not None, value is key or same_tensor(key, value)
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
              block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
@@ -67,38 +108,26 @@ def native_plan(kernel: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Ten
              key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if has_padding(key_starts):
             sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
-        check_data(sparse_indices)
-        lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
-                                   "actual_seq_lengths_kv")
-        outs = outputs(query)
-        indices = sparse_indices.long().contiguous()
-        table = None if block_table is None else block_table.long().contiguous()
-        shared = value is key or same_tensor(key, value)
-        q, k, v, idx = query.data_ptr(), key.data_ptr(), value.data_ptr(), indices.data_ptr()
-        qr, kr = (None, None) if query_rope is None else (query_rope.data_ptr(), key_rope.data_ptr())
-        out, smax, ssum = (t.data_ptr() for t in outs)
-        threads = torch.get_num_threads()
-        # the KV length (rows) and so the batch strides may differ from call to call: a growing decode cache; a
-        # paged cache's rows are found through the block table (rows = its block size), the same blocks for all
-        rows, key_step, value_step = key.shape[1], key.stride(0) * key_item, value.stride(0) * value_item
-        k_rope_step = 0 if key_rope is None else key_rope.stride(0) * k_rope_item
-        if table is not None:
-            key_step = value_step = k_rope_step = 0
-        for b in range(batch):
-            if lq[b] == 0:
-                continue
-            values = (None, 0) if shared else (v + b * value_step, value_stride)
-            ok = kernel(q + b * q_step, None if qr is None else qr + b * rope_step, n1, dl, rope_dim,
-                        idx + b * indices.stride(0) * 8, indices.stride(1), top_k, sparse_block_size, lq[b], lkv[b],
-                        causal, None if table is None else table[b].data_ptr(), rows, k + b * key_step, key_stride,
-                        values[0], values[1],
-                        None if kr is None else kr + b * k_rope_step, k_rope_stride, codes[0], codes[1], scale_value,
-                        False, threads, sfa_native.NATIVE_SPLIT_ROWS, out + b * out_step, smax + b * stat_step,
-                        ssum + b * stat_step)
-            if not ok:
-                return full_path(query, key, value, sparse_indices, scale_value, block_table,
-                                 actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, key_scale,
-                                 value_scale, None)
-        return outs
+        idx, table = _as(sparse_indices, idx_dtype), _as(block_table, table_dtype)
+        lq, lkv = _as(actual_seq_lengths_query, lq_dtype), _as(actual_seq_lengths_kv, lkv_dtype)
+        outs = tuple(torch.empty(shape, dtype=torch.float32) for shape in (query.shape, query.shape[:3],
+                                                                               query.shape[:3]))
+        capacity = key.shape[1] * (table.shape[1] if paged else 1)
+        status = entry(args, query.data_ptr(), None if query_rope is None else query_rope.data_ptr(), idx.data_ptr(),
+                       None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
+                       None if lkv is None else lkv.data_ptr(), capacity, key.data_ptr(),
+                       0 if paged else key.stride(0), None if shared else value.data_ptr(),
+                       0 if paged else value.stride(0), None if key_rope is None else key_rope.data_ptr(),
+                       0 if paged or key_rope is None else key_rope.stride(0), scale_value, torch.get_num_threads(),
+                       *(t.data_ptr() for t in outs))
+        if status == 0:
+            return outs
+        if status in _BAD_DATA:          # the Python checks raise with their messages
+            check_data(sparse_indices)
+            sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
+                             "actual_seq_lengths_kv")
+            raise ValueError(f"{OP}: `{_BAD_DATA[status]}` holds a value out of range")
+        return full_path(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, None)
 
     return plan

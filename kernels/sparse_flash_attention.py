@@ -139,8 +139,10 @@ def _first_call(args: tuple, signature: tuple, sparse_block_size: int, sparse_mo
     elif impl == "native":
         kernel = sfa_native.native_kernel(key, value, key_rope, block_table)
         takes = kernel is not None and sfa_plan.takes(query, query_rope)
-        _PLANS.put(signature, sfa_plan.native_plan(kernel, query, key, value, sparse_indices, query_rope, key_rope,
-                                                    sparse_block_size, sparse_mode, full) if takes else full)
+        lengths = args[6:8]
+        _PLANS.put(signature, sfa_plan.native_plan(sfa_native.call_entry(), query, key, value, sparse_indices,
+                                                    block_table, lengths, query_rope, key_rope, sparse_block_size,
+                                                    sparse_mode, full) if takes else full)
     return result
 
 

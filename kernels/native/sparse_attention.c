@@ -435,10 +435,16 @@ static int64_t part_floats(const struct shape *sh) { return 2 * sh->Hp + sh->Hp 
  * positions i * block ... i * block + block - 1 (i = -1: none); positions >= limit(t) are skipped, and a
  * position p is row p (BSND) or row table[p / block_size] * block_size + p % block_size (paged). */
 struct selection {
-    const int64_t *idx, *table;
+    const char *idx, *table;
+    int idx64, table64;     /* int64 entries (else int32) */
     int64_t idx_stride, K, block, block_size, lq, lkv;
     int causal;         /* sparse_mode 3: limit(t) = lkv - lq + t + 1, clamped to [0, lkv]; else lkv */
 };
+
+/* Entry i of an int64 (is64) or int32 array. */
+static inline int64_t int_at(const char *base, int is64, int64_t i) {
+    return is64 ? ((const int64_t *)base)[i] : ((const int32_t *)base)[i];
+}
 
 static int64_t token_limit(const struct selection *sel, int64_t t) {
     if (!sel->causal) return sel->lkv;
@@ -447,14 +453,14 @@ static int64_t token_limit(const struct selection *sel, int64_t t) {
 }
 
 /* A cursor over entries [j, end) of one token (position k inside entry j). */
-struct cursor { const int64_t *idx; int64_t j, k, end, limit; };
+struct cursor { const char *idx; int64_t j, k, end, limit; };
 
 /* Up to `max` next selected row numbers from the cursor. */
 static int64_t next_rows(const struct selection *sel, struct cursor *c, int64_t *rows, int64_t max) {
     int64_t n = 0;
     const int64_t last_entry = c->limit > 0 ? (c->limit - 1) / sel->block : -1;   /* entries past it see nothing */
     while (c->j < c->end && n < max) {
-        const int64_t entry = c->idx[c->j];
+        const int64_t entry = int_at(c->idx, sel->idx64, c->j);
         /* entry <= last_entry keeps entry * block below limit: no overflow whatever the index or block size */
         int64_t p = entry < 0 || entry > last_entry ? c->limit : entry * sel->block + c->k;
         if (p >= c->limit) {
@@ -462,7 +468,9 @@ static int64_t next_rows(const struct selection *sel, struct cursor *c, int64_t 
             c->k = 0;
             continue;
         }
-        rows[n++] = sel->table ? sel->table[p / sel->block_size] * sel->block_size + p % sel->block_size : p;
+        rows[n++] = sel->table ? int_at(sel->table, sel->table64, p / sel->block_size) * sel->block_size
+                                     + p % sel->block_size
+                               : p;
         if (++c->k == sel->block) {
             c->j++;
             c->k = 0;
@@ -577,7 +585,7 @@ static void finish(const struct shape *sh, const float *parts, int nparts, int64
 }
 
 static struct cursor token_cursor(const struct selection *sel, int64_t t, int64_t lo, int64_t hi) {
-    struct cursor c = { sel->idx + t * sel->idx_stride, lo, 0, hi, token_limit(sel, t) };
+    struct cursor c = { sel->idx + t * sel->idx_stride * (sel->idx64 ? 8 : 4), lo, 0, hi, token_limit(sel, t) };
     return c;
 }
 
@@ -624,15 +632,16 @@ static int attend_split(const struct shape *sh, const struct source *src, const 
 }
 
 /* Entry point, for the first lq query tokens of one batch. q [lq][H][DL] and q_rope [lq][H][DR] (or NULL)
- * fp32, without scale; the selection as in struct selection (idx int64, table int64 or NULL); row strides in
+ * fp32, without scale; the selection as in struct selection (idx and table int64, or int32 where idx64 / table64
+ * is 0; table NULL for BSND KV); row strides in
  * elements; value NULL when the kv rows are the values, rope NULL without rope. Outputs out [lq][H][DL],
  * smax [lq][H], ssum [lq][H] fp32. A token's entries are split across the `threads` threads when
  * lq < threads and K * block >= split_rows. bf16_dot asks for the AVX512-BF16 mode (q holding bf16 values,
  * bf16 output): taken when built with it, the rows are bf16, DL is a multiple of 16 and DR even.
  * Returns 1, or 0 when scratch memory could not be allocated. */
-int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64_t DR, const int64_t *idx,
+int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64_t DR, const void *idx, int idx64,
                int64_t idx_stride, int64_t K, int64_t block, int64_t lq, int64_t lkv, int causal,
-               const int64_t *table, int64_t block_size, const void *kv, int64_t kv_stride, const void *value,
+               const void *table, int table64, int64_t block_size, const void *kv, int64_t kv_stride, const void *value,
                int64_t value_stride, const void *rope, int64_t rope_stride, int kv_dtype, int rope_dtype,
                float scale, int bf16_dot, int threads, int64_t split_rows, float *out, float *smax, float *ssum) {
     DR = rope ? DR : 0;
@@ -643,9 +652,74 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
                           bf16, sfa_has_amx() && bf16 && DL % 32 == 0 && (DL + DR) % 32 == 0 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
-    struct selection sel = { idx, table, idx_stride, K, block, block_size, lq, lkv, causal };
+    struct selection sel = { idx, table, idx64, table64, idx_stride, K, block, block_size, lq, lkv, causal };
     threads = threads < 1 ? 1 : threads;
     if (lq < threads && K * block >= split_rows)
         return attend_split(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
     return attend_tokens(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
+}
+
+/* What a plan (kernels/sfa_plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
+ * q and q_rope are fp32 with each batch's rows contiguous; sparse_indices [B][S1][1][K], the lengths [B] and the
+ * block table [B][table_row] are int32 or int64 (the *64 flags). */
+struct sfa_call_args {
+    int64_t batch, s1, H, DL, DR, K, block, block_size, num_blocks;
+    int64_t q_batch, qr_batch, idx_batch, idx_token, table_row, kv_stride, value_stride, rope_stride, split_rows;
+    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype;
+};
+
+enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
+       SFA_BAD_BLOCK_TABLE = 5 };
+
+/* The data checks of a call (kernels/sfa_checks.check_data, indexer_checks.sequence_lengths): each batch's
+ * lengths within [0, S1] and [0, capacity], the block-table entries of its used blocks within [0, num_blocks),
+ * every index entry >= -1. The lengths go to lq and lkv. */
+static int check_call(const struct sfa_call_args *a, const char *idx, const char *table, const char *lq_len,
+                      const char *lkv_len, int64_t capacity, int64_t *lq, int64_t *lkv) {
+    for (int64_t b = 0; b < a->batch; b++) {
+        lq[b] = lq_len ? int_at(lq_len, a->lq64, b) : a->s1;
+        lkv[b] = lkv_len ? int_at(lkv_len, a->lkv64, b) : capacity;
+        if (lq[b] < 0 || lq[b] > a->s1) return SFA_BAD_QUERY_LENGTH;
+        if (lkv[b] < 0 || lkv[b] > capacity) return SFA_BAD_KV_LENGTH;
+        for (int64_t i = 0; table && i < (lkv[b] + a->block_size - 1) / a->block_size; i++) {
+            int64_t block = int_at(table, a->table64, b * a->table_row + i);
+            if (block < 0 || block >= a->num_blocks) return SFA_BAD_BLOCK_TABLE;
+        }
+    }
+    for (int64_t i = 0; i < a->batch * a->s1 * a->K; i++)
+        if (int_at(idx, a->idx64, i) < -1) return SFA_BAD_INDEX;
+    return SFA_OK;
+}
+
+/* One whole call of the op over every batch (the plan's entry): check_call, then sfa_attend per batch; tokens past
+ * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). capacity: positions
+ * of the KV (rows of a BSND cache, blocks x block size of a paged one); kv_batch, value_batch, rope_batch:
+ * elements between batches (0 when paged). Returns SFA_OK or the first failed check's code (SFA_NO_MEMORY: the
+ * scratch memory could not be allocated, the outputs of some batch are not written). */
+int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope, const void *idx, const void *table,
+             const void *lq_len, const void *lkv_len, int64_t capacity, const void *kv, int64_t kv_batch,
+             const void *value, int64_t value_batch, const void *rope, int64_t rope_batch, float scale, int threads,
+             float *out, float *smax, float *ssum) {
+    int64_t lq[a->batch], lkv[a->batch];
+    int status = check_call(a, idx, table, lq_len, lkv_len, capacity, lq, lkv);
+    if (status != SFA_OK) return status;
+    int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype);
+    int64_t DR = rope ? a->DR : 0, idx_item = a->idx64 ? 8 : 4, table_item = a->table64 ? 8 : 4;
+    for (int64_t b = 0; b < a->batch; b++) {
+        float *o = out + b * a->s1 * a->H * a->DL, *mx = smax + b * a->s1 * a->H, *sm = ssum + b * a->s1 * a->H;
+        if (lq[b] > 0
+            && !sfa_attend(q + b * a->q_batch, q_rope ? q_rope + b * a->qr_batch : NULL, a->H, a->DL, DR,
+                           (const char *)idx + b * a->idx_batch * idx_item, a->idx64, a->idx_token, a->K, a->block,
+                           lq[b], lkv[b], a->causal,
+                           table ? (const char *)table + b * a->table_row * table_item : NULL, a->table64,
+                           a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
+                           value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,
+                           rope ? (const char *)rope + b * rope_batch * rope_item : NULL, a->rope_stride,
+                           a->kv_dtype, a->rope_dtype, scale, 0, threads, a->split_rows, o, mx, sm))
+            return SFA_NO_MEMORY;
+        memset(o + lq[b] * a->H * a->DL, 0, (size_t)((a->s1 - lq[b]) * a->H * a->DL) * sizeof(float));
+        memset(sm + lq[b] * a->H, 0, (size_t)((a->s1 - lq[b]) * a->H) * sizeof(float));
+        for (int64_t i = lq[b] * a->H; i < a->s1 * a->H; i++) mx[i] = -INFINITY;
+    }
+    return SFA_OK;
 }

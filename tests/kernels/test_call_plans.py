@@ -210,6 +210,15 @@ def test_paged_sparse_attention_plans_equal_the_full_path(monkeypatch, batch):
     with pytest.raises(ValueError):
         OPS.sparse_flash_attention(query, cache, cache, indices, 0.2, table, None, lengths + 100, q_rope, rope,
                                    layout_kv="PA_BSND")
+    bad_table = table.clone()
+    bad_table[0, 0] = blocks                        # a block the cache does not have
+    with pytest.raises(ValueError, match="block_table"):
+        OPS.sparse_flash_attention(query, cache, cache, indices, 0.2, bad_table, None, lengths, q_rope, rope,
+                                   layout_kv="PA_BSND")
+    wide = indices.long().repeat_interleave(2, -1)[..., ::2]     # int64, not contiguous: the plan reads a copy
+    for _ in range(2):                                             # the full path, then the plan
+        torch.testing.assert_close(OPS.sparse_flash_attention(query, cache, cache, wide, 0.2, table, None, lengths,
+                                                              q_rope, rope, layout_kv="PA_BSND"), first)
 
 
 @pytest.mark.parametrize("switch", ["1", "0"])
