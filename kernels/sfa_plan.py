@@ -110,8 +110,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
             sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
         idx, table = _as(sparse_indices, idx_dtype), _as(block_table, table_dtype)
         lq, lkv = _as(actual_seq_lengths_query, lq_dtype), _as(actual_seq_lengths_kv, lkv_dtype)
-        outs = tuple(torch.empty(shape, dtype=torch.float32) for shape in (query.shape, query.shape[:3],
-                                                                               query.shape[:3]))
+        out, stats = torch.empty(query.shape, dtype=torch.float32), query.shape[:3]
+        smax, ssum = torch.empty(stats, dtype=torch.float32), torch.empty(stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         status = entry(args, query.data_ptr(), None if query_rope is None else query_rope.data_ptr(), idx.data_ptr(),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
@@ -119,9 +119,9 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
                        0 if paged else key.stride(0), None if shared else value.data_ptr(),
                        0 if paged else value.stride(0), None if key_rope is None else key_rope.data_ptr(),
                        0 if paged or key_rope is None else key_rope.stride(0), scale_value, torch.get_num_threads(),
-                       *(t.data_ptr() for t in outs))
+                       out.data_ptr(), smax.data_ptr(), ssum.data_ptr())
         if status == 0:
-            return outs
+            return out, smax, ssum
         if status in _BAD_DATA:          # the Python checks raise with their messages
             check_data(sparse_indices)
             sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
