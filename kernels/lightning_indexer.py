@@ -27,6 +27,8 @@ kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/
 definition in kernels/indexer_reference.py.
 """
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -100,27 +102,49 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
         check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       query_scale, key_scale, layout_query, layout_key, sparse_count, sparse_mode)
         check_starts(OP, key_starts, query.shape[0])
-    if has_padding(key_starts):
-        return indexer_by_row(lightning_indexer, query, key, weights, actual_seq_lengths_query,
-                              actual_seq_lengths_key, block_table, query_scale, key_scale, key_starts,
-                              layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
-                              sparse_mode=sparse_mode, return_value=return_value)
     return _lightning_indexer_cpu(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
-                                  query_scale, key_scale, sparse_count, sparse_mode)
+                                  query_scale, key_scale, sparse_count, sparse_mode, key_starts,
+                                  (layout_query, layout_key, return_value))
 
 
 def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
                            actual_seq_lengths_key: Tensor | None, block_table: Tensor | None,
-                           query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int,
-                           sparse_mode: int) -> tuple[Tensor, Tensor]:
-    """The op's CPU work after its checks and padded rows: the plan of the call's signature, or the
-    implementation kernels/dispatch.py measured faster for the class (the native path, or `_torch_indexer`),
-    storing the plan of the choice."""
+                           query_scale: Tensor | None, key_scale: Tensor | None, sparse_count: int, sparse_mode: int,
+                           key_starts: Tensor | None, layouts: tuple[str, str, bool]) -> tuple[Tensor, Tensor]:
+    """The op's CPU work after its static checks: the plan of the call's signature, or the first call's path
+    (which stores one); a left-padded batch (key_starts not all 0) goes by rows (key_windows.indexer_by_row).
+    `layouts`: layout_query, layout_key and return_value, for the padded rows' calls."""
     signature = _signature(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                            query_scale, key_scale, sparse_count, sparse_mode)
     plan = _PLANS.get(signature)
-    if plan is not None:
-        return plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table)
+    result = None
+    if plan is not None:      # None: a left-padded batch
+        result = plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, key_starts)
+    elif not has_padding(key_starts):
+        result = _first_call(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                             query_scale, key_scale, sparse_count, sparse_mode, signature)
+    if result is not None:
+        return result
+    return indexer_by_row(lightning_indexer, query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
+                          block_table, query_scale, key_scale, key_starts, layout_query=layouts[0],
+                          layout_key=layouts[1], sparse_count=sparse_count, sparse_mode=sparse_mode,
+                          return_value=layouts[2])
+
+
+def _unpadded(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor] | None]:
+    """A plan running fn(query, key, weights, lengths_q, lengths_k, block_table) when the call's key_starts (its
+    last argument) are all 0, else returning None (the padded rows' path), as the native plan does."""
+    def plan(*args: Any) -> tuple[Tensor, Tensor] | None:
+        return None if has_padding(args[-1]) else fn(*args[:-1])
+    return plan
+
+
+def _first_call(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
+                actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
+                key_scale: Tensor | None, sparse_count: int, sparse_mode: int,
+                signature: tuple | None) -> tuple[Tensor, Tensor]:
+    """The op's first call of a signature (no padded rows): the implementation kernels/dispatch.py measured faster
+    for the class (the native path, or `_torch_indexer`), storing the plan of the choice."""
 
     def run() -> tuple[Tensor, Tensor]:
         return _torch_indexer(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
@@ -130,7 +154,7 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     if cls is None:
         return run()
     native_plan = lightning_indexer_native.native_path(
-        query, key, block_table, weights, sparse_count,
+        query, key, block_table, weights, sparse_count, sparse_mode, (actual_seq_lengths_query, actual_seq_lengths_key),
         functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"),
         functools.partial(visible_keys, sparse_mode=sparse_mode))
     result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls,
@@ -138,9 +162,9 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
                                               block_table), dispatch.torch_path(run))
     impl = dispatch.known(OP, cls)
     if impl is not None:
-        _PLANS.put(signature, native_plan if impl == "native" else call_plans.without_native(functools.partial(
-            _torch_indexer, query_scale=query_scale, key_scale=key_scale, sparse_count=sparse_count,
-            sparse_mode=sparse_mode)))
+        _PLANS.put(signature, native_plan if impl == "native" else _unpadded(call_plans.without_native(
+            functools.partial(_torch_indexer, query_scale=query_scale, key_scale=key_scale, sparse_count=sparse_count,
+                              sparse_mode=sparse_mode))))
     return result
 
 

@@ -27,17 +27,14 @@ NATIVE_SOURCE = "lightning_indexer"
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool,
-                                      ctypes._CFuncPtr]:
-    """(li_scores, li_topk, li_row_topk, whether the build reads fp16, whether it has bf16 dot products,
-    li_rows_topk)."""
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool, ctypes._CFuncPtr]:
+    """(li_scores, li_topk, whether the build reads fp16, whether it has bf16 dot products, li_call)."""
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_f16")
     has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_bf16_dot")
     scores = native_prototypes.typed(lib, NATIVE_SOURCE, "li_scores")
     topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_topk")
-    row_topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_row_topk")
-    rows_topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_rows_topk")
-    return scores, topk, row_topk, bool(has_f16()), bool(has_bf16_dot()), rows_topk
+    call = native_prototypes.typed(lib, NATIVE_SOURCE, "li_call")
+    return scores, topk, bool(has_f16()), bool(has_bf16_dot()), call
 
 
 def _readable(key: Tensor) -> bool:
@@ -45,18 +42,17 @@ def _readable(key: Tensor) -> bool:
     return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in native.DTYPE_CODES
 
 
-def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
-    """(li_scores, li_topk, li_row_topk, whether to use bf16 dot products) for these inputs, or None (module
-    docstring)."""
+def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
+    """(li_scores, li_call, whether to use bf16 dot products) for these inputs, or None (module docstring)."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or query.dtype not in native.DTYPE_CODES or not _readable(key):
         return None
-    scores, topk, row_topk_fn, has_f16, has_bf16_dot, _ = _typed(loaded.lib)
+    scores, _, has_f16, has_bf16_dot, call = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
     bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 \
         and query.shape[3] % 2 == 0
-    return scores, topk, row_topk_fn, bf16_dot
+    return scores, call, bf16_dot
 
 
 def takes(query: Tensor, key: Tensor) -> bool:
@@ -75,7 +71,7 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callab
     found = _kernel(query, key)
     if found is None:
         return None
-    fn, bf16_dot, keys_of = found[0], int(found[3]), _key_args(key, block_table)
+    fn, bf16_dot, keys_of = found[0], int(found[2]), _key_args(key, block_table)
 
     def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
         heads, dim = q_row.shape
@@ -116,66 +112,95 @@ def select_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return indices, values
 
 
-def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int,
-                lengths: Callable[..., tuple[list[int], list[int]]], visible: Callable[[int, int, int], int]
-                ) -> Callable[..., tuple[Tensor, Tensor]] | None:
-    """The op's native path for calls of these operands' signature, with everything that depends on neither the
-    data nor the key length decided once (the plan kernels/call_plans keeps; a decode graph's cache grows by a
-    row per step, so the key rows' count and batch stride are read at each call); None when the kernel does not
-    take them. A decode row's keys are shared by the threads (li_row_topk), a prefill's rows go to the threads
-    in one call (li_rows_topk). Which of several equal scores at the k-th place are kept is torch.topk's choice,
-    as in eager (ReLU makes exact zeros common: a model's greedy tokens must not depend on the implementation).
-    `lengths(query, key, block_table, lq_tensor, lk_tensor)` checks and returns the sequence lengths and
-    `visible(row, lq, lk)` the keys a row sees, at every call."""
+@native_prototypes.struct(NATIVE_SOURCE, "li_call_args")
+class CallArgs(ctypes.Structure):
+    """struct li_call_args of native/lightning_indexer.c: what a plan fixes (its layout is checked against the C by
+    tests/kernels/test_native_prototypes.py)."""
+    _fields_ = [*((name, ctypes.c_int64) for name in (
+        "batch", "s1", "heads", "dim", "k", "block_size", "num_blocks", "block_stride", "q_batch", "q_row", "w_batch",
+        "w_row", "key_row", "table_row")),
+                *((name, ctypes.c_int) for name in ("lq64", "lk64", "causal", "key_dtype", "q_dtype", "bf16_dot"))]
+
+
+_LI_TIES, _LI_PADDED, _LI_NO_MEMORY = 5, 6, 1
+
+
+def _int_dtype(x: Tensor | None) -> torch.dtype | None:
+    """The dtype the kernel reads a length or key_starts tensor in: its own when int32 or int64, else int64."""
+    return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
+
+
+def _as(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    """x in `dtype` and contiguous (copied only when it is not already)."""
+    if x is None or (x.dtype is dtype and x.is_contiguous()):
+        return x
+    return x.to(dtype).contiguous()
+
+
+def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int, sparse_mode: int,
+                lengths: tuple[Tensor | None, Tensor | None], check_lengths: Callable[..., tuple[list[int], list[int]]],
+                visible: Callable[[int, int, int], int]) -> Callable[..., tuple[Tensor, Tensor] | None] | None:
+    """The op's native path for calls of these operands' signature (the plan kernels/call_plans keeps), or None
+    when the kernel does not take them: one li_call per op call, which checks the lengths and the block table,
+    scores every batch's rows (a decode row's keys shared by the threads, a prefill's rows handed to them) and
+    writes every output. A BSND cache grows by a row per decode step: its length and batch stride are read at
+    each call. The plan returns None for a left-padded batch (key_starts not all 0: the caller's padded path); a
+    failed check is raised by `check_lengths(query, key, block_table, lq, lk)` with its message; rows whose k-th
+    and (k+1)-th scores are equal are scored again and settled by torch.topk, as in eager (ReLU makes exact zeros
+    common: a model's greedy tokens must not depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
-    fn, bf16_dot = found[2], int(found[3])
     batch, s1, heads, dim = query.shape
-    q_code, q_item, copy_query = native.DTYPE_CODES[query.dtype], query.element_size(), not (
-        query.stride(3) == 1 and query.stride(2) == dim)
+    paged, copy_query = block_table is not None, not (query.stride(3) == 1 and query.stride(2) == dim)
+    q_strides = query.contiguous().stride() if copy_query else query.stride()
     w_float = weights.dtype is torch.float32 and weights.is_contiguous()
-    rows_fn, score_fn = _typed(native.load(NATIVE_SOURCE).lib)[5], found[0]
-
-    def several(keys: tuple, limits: list[int], q_row: int, q_step: int, w_row: int, w_step: int, threads: int,
-                out: tuple[int, int], indices: Tensor, values: Tensor) -> None:
-        """A batch's query rows (a prefill) in one call, shared by the threads; rows with equal scores at the cut
-        are scored again and settled by torch.topk."""
-        limit_list = torch.tensor(limits, dtype=torch.int64)
-        ties = torch.zeros(len(limits), dtype=torch.int32)
-        if rows_fn(*keys, limit_list.data_ptr(), len(limits), q_row, q_code, q_step, w_row, w_step, heads, dim,
-                   bf16_dot, threads, k, *out, ties.data_ptr()):
-            raise _out_of_memory(f"{len(limits)} rows of up to {max(limits)} keys, {heads} heads of dim {dim}")
-        for t in ties.nonzero().flatten().tolist():
-            scores = torch.empty(limits[t], dtype=torch.float32)
-            if score_fn(*keys, limits[t], q_row + t * q_step * q_item, q_code, w_row + t * w_step * 4, heads, dim,
-                        bf16_dot, threads, scores.data_ptr()):
-                raise _out_of_memory(f"{limits[t]} keys, {heads} heads of dim {dim}")
-            values[t, 0], indices[t, 0] = scores.topk(k)
+    w_strides = weights.stride() if w_float else weights.float().contiguous().stride()
+    lq_dtype, lk_dtype = map(_int_dtype, lengths)
+    fixed = CallArgs(batch, s1, heads, dim, k, key.shape[1] if paged else 1, key.shape[0] if paged else 0,
+                     key.stride(0) if paged else 0, q_strides[0], q_strides[1], w_strides[0], w_strides[1],
+                     key.stride(1), block_table.shape[1] if paged else 0, lq_dtype is torch.int64,
+                     lk_dtype is torch.int64, sparse_mode != 0, native.DTYPE_CODES[key.dtype],
+                     native.DTYPE_CODES[query.dtype], int(found[2]))
+    args, entry = ctypes.byref(fixed), found[1]
 
     def plan(query: Tensor, key: Tensor, weights: Tensor, lq_tensor: Tensor | None, lk_tensor: Tensor | None,
-             block_table: Tensor | None) -> tuple[Tensor, Tensor]:
-        lq, lk = lengths(query, key, block_table, lq_tensor, lk_tensor)
+             block_table: Tensor | None, key_starts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
         q = query.contiguous() if copy_query else query
         w = weights if w_float else weights.float().contiguous()
-        indices = torch.full((batch, s1, 1, k), -1, dtype=torch.int32)
-        values = torch.full((batch, s1, 1, k), float("-inf"), dtype=torch.float32)
-        keys_of, threads = _key_args(key, block_table), torch.get_num_threads()   # the key length of this call
-        for b in range(batch):
-            keys = keys_of(b)
-            limits = [visible(t, lq[b], lk[b]) for t in range(lq[b])]
-            q_row, w_row = q.data_ptr() + b * q.stride(0) * q_item, w.data_ptr() + b * w.stride(0) * 4
-            out = (indices.data_ptr() + b * s1 * k * 4, values.data_ptr() + b * s1 * k * 4)
-            if len(limits) > 1:
-                several(keys, limits, q_row, q.stride(1), w_row, w.stride(1), threads, out, indices[b], values[b])
-            elif limits and limits[0]:
-                scores = scratch("li_native/scores", (limits[0],), torch.float32)
-                status = fn(*keys, limits[0], q_row, q_code, w_row, heads, dim, bf16_dot, threads, k,
-                            scores.data_ptr(), *out)
-                if status < 0:
-                    raise _out_of_memory(f"{limits[0]} keys, {heads} heads of dim {dim}, top {k}")
-                if status:      # equal scores straddle the cut: torch.topk decides
-                    values[b, 0, 0], indices[b, 0, 0] = scores.topk(k)
-        return indices, values
+        table = None if block_table is None else _as(block_table, torch.int32)
+        lq, lk, starts = _as(lq_tensor, lq_dtype), _as(lk_tensor, lk_dtype), _as(key_starts, _int_dtype(key_starts))
+        capacity = key.shape[1] * (table.shape[1] if paged else 1)
+        indices = torch.empty((batch, s1, 1, k), dtype=torch.int32)
+        values = torch.empty((batch, s1, 1, k), dtype=torch.float32)
+        ties = scratch("li_native/ties", (batch, s1), torch.int32)
+        status = entry(args, q.data_ptr(), w.data_ptr(), key.data_ptr(), 0 if paged else key.stride(0),
+                       None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
+                       None if lk is None else lk.data_ptr(), None if starts is None else starts.data_ptr(),
+                       starts is not None and starts.dtype is torch.int64, capacity, torch.get_num_threads(),
+                       scratch("li_native/scores", (max(capacity, 1),), torch.float32).data_ptr(),
+                       indices.data_ptr(), values.data_ptr(), ties.data_ptr())
+        if status == 0:
+            return indices, values
+        if status == _LI_PADDED:
+            return None
+        if status == _LI_TIES:
+            _settle_ties(q, key, w, block_table, check_lengths(query, key, block_table, lq_tensor, lk_tensor), visible,
+                         ties, indices, values)
+            return indices, values
+        if status == _LI_NO_MEMORY:
+            raise _out_of_memory(f"{batch} x {s1} rows of up to {capacity} keys, {heads} heads of dim {dim}")
+        check_lengths(query, key, block_table, lq_tensor, lk_tensor)        # raises with the check's message
+        raise ValueError(f"lightning_indexer: the native kernel refused the call's lengths or block table ({status})")
 
     return plan
+
+
+def _settle_ties(q: Tensor, key: Tensor, w: Tensor, block_table: Tensor | None, lengths: tuple[list[int], list[int]],
+                 visible: Callable[[int, int, int], int], ties: Tensor, indices: Tensor, values: Tensor) -> None:
+    """Rows whose k-th and (k+1)-th scores are equal: scored again, their top k chosen by torch.topk."""
+    score = row_scorer(q, key, block_table)
+    k = indices.shape[3]
+    for b, t in ties.nonzero().tolist():
+        scores = score(b, visible(t, lengths[0][b], lengths[1][b]), q[b, t], w[b, t])
+        values[b, t, 0], indices[b, t, 0] = scores.topk(k)

@@ -474,3 +474,110 @@ int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_s
     }
     return failed ? -1 : 0;
 }
+
+/* What a plan (kernels/lightning_indexer_native.py) fixes for every call of one signature. Strides in elements:
+ * q [B][S1][heads][dim] rows of `heads * dim` values (q_dtype), weights fp32, keys BSND (key_batch given per call:
+ * the cache grows) or a paged cache [num_blocks][block_size][1][dim] (block_stride values between blocks) through an
+ * int32 block table [B][table_row];
+ * the lengths [B] are int32 or int64 (lq64, lk64). */
+struct li_call_args {
+    int64_t batch, s1, heads, dim, k, block_size, num_blocks, block_stride, q_batch, q_row, w_batch, w_row, key_row,
+        table_row;
+    int lq64, lk64, causal, key_dtype, q_dtype, bf16_dot;
+};
+
+enum { LI_OK = 0, LI_NO_MEMORY = 1, LI_BAD_QUERY_LENGTH = 2, LI_BAD_KEY_LENGTH = 3, LI_BAD_BLOCK_TABLE = 4,
+       LI_TIES = 5, LI_PADDED = 6 };
+
+static int64_t length_at(const void *lengths, int is64, int64_t b, int64_t otherwise) {
+    if (!lengths) return otherwise;
+    return is64 ? ((const int64_t *)lengths)[b] : ((const int32_t *)lengths)[b];
+}
+
+/* The data checks of a call (kernels/indexer_checks.sequence_lengths): lengths within [0, S1] and [0, capacity],
+ * the used block-table entries within [0, num_blocks); lq and lk get the lengths. */
+static int li_check_call(const struct li_call_args *a, const int32_t *table, const void *lq_len, const void *lk_len,
+                         int64_t capacity, int64_t *lq, int64_t *lk) {
+    for (int64_t b = 0; b < a->batch; b++) {
+        lq[b] = length_at(lq_len, a->lq64, b, a->s1);
+        lk[b] = length_at(lk_len, a->lk64, b, capacity);
+        if (lq[b] < 0 || lq[b] > a->s1) return LI_BAD_QUERY_LENGTH;
+        if (lk[b] < 0 || lk[b] > capacity) return LI_BAD_KEY_LENGTH;
+        for (int64_t i = 0; table && i < (lk[b] + a->block_size - 1) / a->block_size; i++) {
+            int32_t block = table[b * a->table_row + i];
+            if (block < 0 || block >= a->num_blocks) return LI_BAD_BLOCK_TABLE;
+        }
+    }
+    return LI_OK;
+}
+
+/* Rows [from, s1) of one batch's outputs: no key (-1, -inf). */
+static void no_keys(int64_t k, int64_t from, int64_t s1, int32_t *idx, float *val) {
+    for (int64_t i = from * k; i < s1 * k; i++) {
+        idx[i] = -1;
+        val[i] = -INFINITY;
+    }
+}
+
+/* One batch's query rows: li_row_topk for a decode row (its keys shared by the threads), li_rows_topk for
+ * several; limits [lq] scratch. Returns 0, 1 when some row has equal scores at the cut (tie [lq]), -1 out of
+ * memory. */
+static int li_batch(const struct li_call_args *a, int64_t b, const char *q, const float *w, const char *key,
+                    int64_t key_batch, const int32_t *table, int64_t lq, int64_t lk, int threads, float *scores,
+                    int64_t *limits, int32_t *idx, float *val, int32_t *tie) {
+    int64_t item = elem_bytes(a->q_dtype);
+    const char *keys = key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype));
+    const int32_t *row_table = table ? table + b * a->table_row : NULL;
+    int64_t block_stride = table ? a->block_stride : 0, block_size = table ? a->block_size : 1;
+    const char *qb = q + b * a->q_batch * item;
+    const float *wb = w + b * a->w_batch;
+    for (int64_t t = 0; t < lq; t++) {
+        tie[t] = 0;
+        int64_t limit = a->causal ? lk - lq + t + 1 : lk;
+        limits[t] = limit < 0 ? 0 : (limit > lk ? lk : limit);
+        if (limits[t] == 0) no_keys(a->k, t, t + 1, idx, val);
+    }
+    if (lq == 1) {
+        if (limits[0] == 0) return 0;
+        int code = li_row_topk(keys, a->key_dtype, a->key_row, block_stride, row_table, block_size, limits[0], qb,
+                               a->q_dtype, wb, a->heads, a->dim, a->bf16_dot, threads, a->k, scores, idx, val);
+        tie[0] = code > 0;
+        return code < 0 ? -1 : code > 0;
+    }
+    if (li_rows_topk(keys, a->key_dtype, a->key_row, block_stride, row_table, block_size, limits, lq, qb, a->q_dtype,
+                     a->q_row, wb, a->w_row, a->heads, a->dim, a->bf16_dot, threads, a->k, idx, val, tie))
+        return -1;
+    int any = 0;
+    for (int64_t t = 0; t < lq; t++) any |= tie[t];
+    return any;
+}
+
+/* One whole call of the op over every batch (the plan's entry): key_starts (int32 or int64 [B], or NULL) with a
+ * start > 0 returns LI_PADDED before anything is written (the caller takes the padded rows' path); then the
+ * checks (li_check_call), then every batch's rows, rows past a batch's query length set to -1 / -inf. capacity:
+ * key positions (rows of BSND keys, blocks x block size of a paged cache); scores: scratch of capacity floats;
+ * tie [B][S1]: rows with equal scores at the cut (LI_TIES: the caller settles them as torch.topk would). Returns
+ * LI_OK, LI_TIES, LI_PADDED, a failed check's code or LI_NO_MEMORY. */
+int li_call(const struct li_call_args *a, const void *q, const float *w, const void *key, int64_t key_batch,
+            const int32_t *table, const void *lq_len, const void *lk_len, const void *starts, int starts64,
+            int64_t capacity, int threads, float *scores, int32_t *idx, float *val, int32_t *tie) {
+    for (int64_t b = 0; starts && b < a->batch; b++)
+        if (length_at(starts, starts64, b, 0) != 0) return LI_PADDED;
+    int64_t lq[a->batch], lk[a->batch];
+    int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
+    if (status != LI_OK) return status;
+    int64_t *limits = malloc((size_t)(a->s1 > 0 ? a->s1 : 1) * sizeof *limits);
+    if (!limits) return LI_NO_MEMORY;
+    int ties = 0;
+    for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
+        int64_t out = b * a->s1 * a->k;
+        int code = li_batch(a, b, q, w, key, key_batch, table, lq[b], lk[b], threads, scores, limits, idx + out,
+                            val + out, tie + b * a->s1);
+        no_keys(a->k, lq[b], a->s1, idx + out, val + out);
+        for (int64_t t = lq[b]; t < a->s1; t++) tie[b * a->s1 + t] = 0;
+        status = code < 0 ? LI_NO_MEMORY : LI_OK;
+        ties |= code > 0;
+    }
+    free(limits);
+    return status == LI_OK && ties ? LI_TIES : status;
+}

@@ -1,10 +1,13 @@
 """kernels/call_plans: a fused op's second call of a signature runs the stored plan and gives the full path's
 result bit for bit; changing the native settings, a profiler, or dispatch.take_used sends the next call down the
 full path again; checks on data still run on planned calls."""
+import itertools
+
 import pytest
 import torch
 
 from npu_graph.kernels import call_plans, dispatch, native, sfa_plan
+from npu_graph.kernels import lightning_indexer_native as li_native
 from npu_graph.kernels import rms_norm as rms_module
 from npu_graph.kernels import sparse_flash_attention as sfa
 
@@ -173,21 +176,30 @@ def test_sparse_attention_plans_serve_a_growing_cache(monkeypatch, shared):
 
 
 @pytest.mark.parametrize("ties", [False, True])
-def test_planned_indexer_prefill_rows_equal_the_full_path(monkeypatch, ties):
-    """A prefill's rows go to the threads in one native call (li_rows_topk); rows whose k-th and (k+1)-th scores
-    are equal (all-zero scores after the ReLU) are settled by torch.topk as on the full path."""
+@pytest.mark.parametrize("rows", [40, 1])
+def test_planned_indexer_rows_equal_torch_topk_of_the_native_scores(monkeypatch, ties, rows):
+    """A prefill's rows go to the threads in one native call (li_rows_topk), a decode row's keys to them
+    (li_row_topk); rows whose k-th and (k+1)-th scores are equal (all-zero scores after the ReLU) are settled by
+    torch.topk. Each row keeps the keys torch.topk keeps of the row's native scores (rows past a batch's query
+    length: none), on the first call and on the planned ones."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
-    query, key, weights, _ = indexer_inputs(2, 40, 40, seed=5)
+    query, key, weights, _ = indexer_inputs(2, rows, 40, seed=5)
     if ties:
         query = -query.abs()
         key = key.abs()                                 # every q·k < 0: every score is 0
-    lengths = torch.tensor([40, 37], dtype=torch.int32)
-    args = (query, key, weights, lengths, lengths)
-    OPS.lightning_indexer(*args, sparse_count=8)
-    planned_out = OPS.lightning_indexer(*args, sparse_count=8)
-    call_plans.clear_all()
-    full = OPS.lightning_indexer(*args, sparse_count=8)
-    assert same(planned_out, full)
+    lq, lk = [rows, rows - 1 if rows > 1 else 0], [40, 37]
+    args = (query, key, weights, torch.tensor(lq, dtype=torch.int32), torch.tensor(lk, dtype=torch.int32))
+    score = li_native.row_scorer(query, key, None)
+    for _ in range(2):                              # the first call, then the plan
+        indices = OPS.lightning_indexer(*args, sparse_count=8)[0]
+        for b, t in itertools.product(range(2), range(rows)):
+            want = torch.full((8,), -1, dtype=torch.int32)
+            visible = min(max(lk[b] - lq[b] + t + 1, 0), lk[b])      # causal, bottom-right aligned
+            if t < lq[b] and visible:
+                scores = score(b, visible, query[b, t], weights[b, t])
+                top = scores.topk(min(8, scores.numel()))
+                want[:top.indices.numel()] = top.indices.int()
+            assert torch.equal(indices[b, t, 0].sort().values, want.sort().values), (b, t)
 
 
 @pytest.mark.parametrize("batch", [1, 2])
