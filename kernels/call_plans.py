@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.autograd import profiler as autograd_profiler
 
@@ -82,3 +83,16 @@ def clear_all() -> None:
     """Forget every op's plans: the next call of each signature takes the full path again."""
     for plans in _ALL:
         plans._plans.clear()
+
+
+def int_dtype(x: Tensor | None) -> torch.dtype | None:
+    """The dtype a native entry reads an integer operand in (indices, lengths, a block table, key starts): its own
+    when int32 or int64, else int64 (None stays None). A plan fixes it from the signature's operand."""
+    return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
+
+
+def as_int(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    """x in `dtype` (int_dtype of the plan's operand) and contiguous, copied only when it is not already."""
+    if x is None or (x.dtype is dtype and x.is_contiguous()):
+        return x
+    return x.to(dtype).contiguous()

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
+from npu_graph.kernels.call_plans import as_int, int_dtype
 from npu_graph.kernels.indexer_keys import scratch
 
 NATIVE_SOURCE = "lightning_indexer"
@@ -125,18 +126,6 @@ class CallArgs(ctypes.Structure):
 _LI_TIES, _LI_PADDED, _LI_NO_MEMORY = 5, 6, 1
 
 
-def _int_dtype(x: Tensor | None) -> torch.dtype | None:
-    """The dtype the kernel reads a length or key_starts tensor in: its own when int32 or int64, else int64."""
-    return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
-
-
-def _as(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
-    """x in `dtype` and contiguous (copied only when it is not already)."""
-    if x is None or (x.dtype is dtype and x.is_contiguous()):
-        return x
-    return x.to(dtype).contiguous()
-
-
 def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int, sparse_mode: int,
                 lengths: tuple[Tensor | None, Tensor | None], check_lengths: Callable[..., tuple[list[int], list[int]]],
                 visible: Callable[[int, int, int], int]) -> Callable[..., tuple[Tensor, Tensor] | None] | None:
@@ -156,7 +145,7 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     q_strides = query.contiguous().stride() if copy_query else query.stride()
     w_float = weights.dtype is torch.float32 and weights.is_contiguous()
     w_strides = weights.stride() if w_float else weights.float().contiguous().stride()
-    lq_dtype, lk_dtype = map(_int_dtype, lengths)
+    lq_dtype, lk_dtype = map(int_dtype, lengths)
     fixed = CallArgs(batch, s1, heads, dim, k, key.shape[1] if paged else 1, key.shape[0] if paged else 0,
                      key.stride(0) if paged else 0, q_strides[0], q_strides[1], w_strides[0], w_strides[1],
                      key.stride(1), block_table.shape[1] if paged else 0, lq_dtype is torch.int64,
@@ -168,8 +157,8 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
              block_table: Tensor | None, key_starts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
         q = query.contiguous() if copy_query else query
         w = weights if w_float else weights.float().contiguous()
-        table = None if block_table is None else _as(block_table, torch.int32)
-        lq, lk, starts = _as(lq_tensor, lq_dtype), _as(lk_tensor, lk_dtype), _as(key_starts, _int_dtype(key_starts))
+        table, starts = as_int(block_table, torch.int32), as_int(key_starts, int_dtype(key_starts))
+        lq, lk = as_int(lq_tensor, lq_dtype), as_int(lk_tensor, lk_dtype)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         indices = torch.empty((batch, s1, 1, k), dtype=torch.int32)
         values = torch.empty((batch, s1, 1, k), dtype=torch.float32)

@@ -85,7 +85,7 @@ def native_batch(kernel: ctypes._CFuncPtr, args: tuple, b: int, lq: int, lkv: in
     n1, dl = q.shape[1:]
     ok = kernel(q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), n1, dl,
                 0 if q_rope is None else q_rope.shape[2], indices[b].data_ptr(), True, indices.stride(1),
-                indices.shape[3], block, lq, lkv, mode == 3, table[b].data_ptr() if paged else None, True,
+                indices.shape[3], block, lq, lkv, mode == 3, 0, table[b].data_ptr() if paged else None, True,
                 key.shape[1],
                 kv, kv_stride, v, v_stride, rope, rope_stride, native.DTYPE_CODES[key.dtype],
                 native.DTYPE_CODES[key.dtype if key_rope is None else key_rope.dtype], scale, bf16_dot,

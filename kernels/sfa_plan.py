@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes, sfa_native
+from npu_graph.kernels.call_plans import as_int, int_dtype
 from npu_graph.kernels.indexer_checks import sequence_lengths
-from npu_graph.kernels.key_windows import drop_padding, has_padding
+from npu_graph.kernels.key_windows import drop_padding
 from npu_graph.kernels.sfa_checks import OP, check_data
 from npu_graph.kernels.sfa_torch import same_tensor
 
@@ -57,18 +58,7 @@ class CallArgs(ctypes.Structure):
 
 
 _BAD_DATA = {2: "actual_seq_lengths_query", 3: "actual_seq_lengths_kv", 4: "sparse_indices", 5: "block_table"}
-
-
-def _int_dtype(x: Tensor | None) -> torch.dtype | None:
-    """The dtype the kernel reads an integer operand in: its own when int32 or int64, else int64."""
-    return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
-
-
-def _as(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
-    """x as the kernel reads it: `dtype` (the plan's _int_dtype), contiguous (copied only when not already)."""
-    if x is None or (x.dtype is dtype and x.is_contiguous()):
-        return x
-    return x.to(dtype).contiguous()
+_PADDED_BLOCKS = 6
 
 
 def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_indices: Tensor,
@@ -94,7 +84,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     the data (lengths, block table, indices) and writes every output; a failed check is raised by the Python
     checks, with their messages, and a call whose kernel could not allocate its scratch memory goes to
     `full_path`."""
-    dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(_int_dtype, (sparse_indices, block_table,
+    dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
     fixed = _call_args(query, key, value, dtypes, sparse_indices, block_table, query_rope, key_rope,
                        sparse_block_size, sparse_mode)
@@ -106,28 +96,30 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
              actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
              key_scale: Tensor | None, value_scale: Tensor | None,
              key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        if has_padding(key_starts):
-            sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
-        idx, table = _as(sparse_indices, idx_dtype), _as(block_table, table_dtype)
-        lq, lkv = _as(actual_seq_lengths_query, lq_dtype), _as(actual_seq_lengths_kv, lkv_dtype)
+        idx, table = as_int(sparse_indices, idx_dtype), as_int(block_table, table_dtype)
+        starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
+        lq, lkv = as_int(actual_seq_lengths_query, lq_dtype), as_int(actual_seq_lengths_kv, lkv_dtype)
         out, stats = torch.empty(query.shape, dtype=torch.float32), query.shape[:3]
         smax, ssum = torch.empty(stats, dtype=torch.float32), torch.empty(stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         status = entry(args, query.data_ptr(), None if query_rope is None else query_rope.data_ptr(), idx.data_ptr(),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
-                       None if lkv is None else lkv.data_ptr(), capacity, key.data_ptr(),
+                       None if lkv is None else lkv.data_ptr(), None if starts is None else starts.data_ptr(),
+                       starts is not None and starts.dtype is torch.int64, capacity, key.data_ptr(),
                        0 if paged else key.stride(0), None if shared else value.data_ptr(),
                        0 if paged else value.stride(0), None if key_rope is None else key_rope.data_ptr(),
                        0 if paged or key_rope is None else key_rope.stride(0), scale_value, torch.get_num_threads(),
                        out.data_ptr(), smax.data_ptr(), ssum.data_ptr())
         if status == 0:
             return out, smax, ssum
+        if status == _PADDED_BLOCKS:
+            drop_padding(sparse_indices, key_starts, sparse_block_size)      # raises: padding needs block 1
         if status in _BAD_DATA:          # the Python checks raise with their messages
             check_data(sparse_indices)
             sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                              "actual_seq_lengths_kv")
             raise ValueError(f"{OP}: `{_BAD_DATA[status]}` holds a value out of range")
         return full_path(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
-                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, None)
+                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
 
     return plan

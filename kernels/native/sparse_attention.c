@@ -439,6 +439,7 @@ struct selection {
     int idx64, table64;     /* int64 entries (else int32) */
     int64_t idx_stride, K, block, block_size, lq, lkv;
     int causal;         /* sparse_mode 3: limit(t) = lkv - lq + t + 1, clamped to [0, lkv]; else lkv */
+    int64_t start;      /* entries below it are skipped (a left-padded row's key start; block 1) */
 };
 
 /* Entry i of an int64 (is64) or int32 array. */
@@ -462,7 +463,7 @@ static int64_t next_rows(const struct selection *sel, struct cursor *c, int64_t 
     while (c->j < c->end && n < max) {
         const int64_t entry = int_at(c->idx, sel->idx64, c->j);
         /* entry <= last_entry keeps entry * block below limit: no overflow whatever the index or block size */
-        int64_t p = entry < 0 || entry > last_entry ? c->limit : entry * sel->block + c->k;
+        int64_t p = entry < sel->start || entry > last_entry ? c->limit : entry * sel->block + c->k;
         if (p >= c->limit) {
             c->j++;
             c->k = 0;
@@ -638,9 +639,10 @@ static int attend_split(const struct shape *sh, const struct source *src, const 
  * smax [lq][H], ssum [lq][H] fp32. A token's entries are split across the `threads` threads when
  * lq < threads and K * block >= split_rows. bf16_dot asks for the AVX512-BF16 mode (q holding bf16 values,
  * bf16 output): taken when built with it, the rows are bf16, DL is a multiple of 16 and DR even.
+ * Entries below `start` are skipped (a left-padded row: its keys begin there; block 1).
  * Returns 1, or 0 when scratch memory could not be allocated. */
 int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64_t DR, const void *idx, int idx64,
-               int64_t idx_stride, int64_t K, int64_t block, int64_t lq, int64_t lkv, int causal,
+               int64_t idx_stride, int64_t K, int64_t block, int64_t lq, int64_t lkv, int causal, int64_t start,
                const void *table, int table64, int64_t block_size, const void *kv, int64_t kv_stride, const void *value,
                int64_t value_stride, const void *rope, int64_t rope_stride, int kv_dtype, int rope_dtype,
                float scale, int bf16_dot, int threads, int64_t split_rows, float *out, float *smax, float *ssum) {
@@ -652,7 +654,7 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
                           bf16, sfa_has_amx() && bf16 && DL % 32 == 0 && (DL + DR) % 32 == 0 };
     struct source src = { kv, value, rope, kv_stride * elem_size(kv_dtype), value_stride * elem_size(kv_dtype),
                           rope_stride * elem_size(rope_dtype), kv_dtype, rope_dtype };
-    struct selection sel = { idx, table, idx64, table64, idx_stride, K, block, block_size, lq, lkv, causal };
+    struct selection sel = { idx, table, idx64, table64, idx_stride, K, block, block_size, lq, lkv, causal, start };
     threads = threads < 1 ? 1 : threads;
     if (lq < threads && K * block >= split_rows)
         return attend_split(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
@@ -669,7 +671,7 @@ struct sfa_call_args {
 };
 
 enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
-       SFA_BAD_BLOCK_TABLE = 5 };
+       SFA_BAD_BLOCK_TABLE = 5, SFA_PADDED_BLOCKS = 6 };
 
 /* The data checks of a call (kernels/sfa_checks.check_data, indexer_checks.sequence_lengths): each batch's
  * lengths within [0, S1] and [0, capacity], the block-table entries of its used blocks within [0, num_blocks),
@@ -692,17 +694,24 @@ static int check_call(const struct sfa_call_args *a, const char *idx, const char
 }
 
 /* One whole call of the op over every batch (the plan's entry): check_call, then sfa_attend per batch; tokens past
- * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). capacity: positions
+ * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). starts (int32 or
+ * int64 [B], starts64; or NULL): each batch's key start, entries below it skipped (kernels/key_windows.py; only
+ * with block 1, else SFA_PADDED_BLOCKS for a start > 0, which the caller refuses). capacity: positions
  * of the KV (rows of a BSND cache, blocks x block size of a paged one); kv_batch, value_batch, rope_batch:
  * elements between batches (0 when paged). Returns SFA_OK or the first failed check's code (SFA_NO_MEMORY: the
  * scratch memory could not be allocated, the outputs of some batch are not written). */
 int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope, const void *idx, const void *table,
-             const void *lq_len, const void *lkv_len, int64_t capacity, const void *kv, int64_t kv_batch,
+             const void *lq_len, const void *lkv_len, const void *starts, int starts64, int64_t capacity,
+             const void *kv, int64_t kv_batch,
              const void *value, int64_t value_batch, const void *rope, int64_t rope_batch, float scale, int threads,
              float *out, float *smax, float *ssum) {
-    int64_t lq[a->batch], lkv[a->batch];
+    int64_t lq[a->batch], lkv[a->batch], start[a->batch];
     int status = check_call(a, idx, table, lq_len, lkv_len, capacity, lq, lkv);
     if (status != SFA_OK) return status;
+    for (int64_t b = 0; b < a->batch; b++) {
+        start[b] = starts ? int_at(starts, starts64, b) : 0;
+        if (start[b] != 0 && a->block != 1) return SFA_PADDED_BLOCKS;
+    }
     int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype);
     int64_t DR = rope ? a->DR : 0, idx_item = a->idx64 ? 8 : 4, table_item = a->table64 ? 8 : 4;
     for (int64_t b = 0; b < a->batch; b++) {
@@ -710,7 +719,7 @@ int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope,
         if (lq[b] > 0
             && !sfa_attend(q + b * a->q_batch, q_rope ? q_rope + b * a->qr_batch : NULL, a->H, a->DL, DR,
                            (const char *)idx + b * a->idx_batch * idx_item, a->idx64, a->idx_token, a->K, a->block,
-                           lq[b], lkv[b], a->causal,
+                           lq[b], lkv[b], a->causal, start[b],
                            table ? (const char *)table + b * a->table_row * table_item : NULL, a->table64,
                            a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
                            value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,

@@ -10,6 +10,7 @@ from npu_graph.kernels import call_plans, dispatch, native, sfa_plan
 from npu_graph.kernels import lightning_indexer_native as li_native
 from npu_graph.kernels import rms_norm as rms_module
 from npu_graph.kernels import sparse_flash_attention as sfa
+from npu_graph.kernels.checks import FusedPreconditionError
 
 OPS = torch.ops.ascend_dsa
 
@@ -103,6 +104,19 @@ def test_planned_sparse_attention_still_checks_its_data():
     args[7] = torch.tensor([41], dtype=torch.int32)          # more keys than the cache holds
     with pytest.raises(ValueError, match="actual_seq_lengths_kv"):
         OPS.sparse_flash_attention(*args)
+
+
+def test_planned_sparse_attention_refuses_padding_with_blocks_of_positions():
+    """key_starts (a left-padded batch) need sparse_block_size 1: the plan's native call refuses a start > 0 with
+    blocks of positions, with the full path's FusedPreconditionError."""
+    args = list(sfa_case(2, 1, True, True, True))
+    args[3] = args[3] // 4                              # entries of 4 positions each, within the 40 rows
+    args[-1] = torch.zeros(2, dtype=torch.int32)
+    for _ in range(2):                                  # the full path, then the plan
+        OPS.sparse_flash_attention(*args, sparse_block_size=4)
+    args[-1] = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(FusedPreconditionError, match="sparse_block_size 1"):
+        OPS.sparse_flash_attention(*args, sparse_block_size=4)
 
 
 def indexer_inputs(batch, s1, keys, heads=4, dim=16, paged=False, seed=0):
