@@ -22,7 +22,6 @@ from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
 from npu_graph.kernels.call_plans import as_int, int_dtype
-from npu_graph.kernels.indexer_keys import scratch
 
 NATIVE_SOURCE = "lightning_indexer"
 
@@ -162,12 +161,11 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         indices = torch.empty((batch, s1, 1, k), dtype=torch.int32)
         values = torch.empty((batch, s1, 1, k), dtype=torch.float32)
-        ties = scratch("li_native/ties", (batch, s1), torch.int32)
+        ties = torch.empty((batch, s1), dtype=torch.int32)
         status = entry(args, q.data_ptr(), w.data_ptr(), key.data_ptr(), 0 if paged else key.stride(0),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
                        None if lk is None else lk.data_ptr(), None if starts is None else starts.data_ptr(),
                        starts is not None and starts.dtype is torch.int64, capacity, torch.get_num_threads(),
-                       scratch("li_native/scores", (max(capacity, 1),), torch.float32).data_ptr(),
                        indices.data_ptr(), values.data_ptr(), ties.data_ptr())
         if status == 0:
             return indices, values

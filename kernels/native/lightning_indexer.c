@@ -555,19 +555,23 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
 /* One whole call of the op over every batch (the plan's entry): key_starts (int32 or int64 [B], or NULL) with a
  * start > 0 returns LI_PADDED before anything is written (the caller takes the padded rows' path); then the
  * checks (li_check_call), then every batch's rows, rows past a batch's query length set to -1 / -inf. capacity:
- * key positions (rows of BSND keys, blocks x block size of a paged cache); scores: scratch of capacity floats;
- * tie [B][S1]: rows with equal scores at the cut (LI_TIES: the caller settles them as torch.topk would). Returns
+ * key positions (rows of BSND keys, blocks x block size of a paged cache); tie [B][S1]: rows with equal scores at the cut (LI_TIES: the caller settles them as torch.topk would). Returns
  * LI_OK, LI_TIES, LI_PADDED, a failed check's code or LI_NO_MEMORY. */
 int li_call(const struct li_call_args *a, const void *q, const float *w, const void *key, int64_t key_batch,
             const int32_t *table, const void *lq_len, const void *lk_len, const void *starts, int starts64,
-            int64_t capacity, int threads, float *scores, int32_t *idx, float *val, int32_t *tie) {
+            int64_t capacity, int threads, int32_t *idx, float *val, int32_t *tie) {
     for (int64_t b = 0; starts && b < a->batch; b++)
         if (length_at(starts, starts64, b, 0) != 0) return LI_PADDED;
     int64_t lq[a->batch], lk[a->batch];
     int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     if (status != LI_OK) return status;
     int64_t *limits = malloc((size_t)(a->s1 > 0 ? a->s1 : 1) * sizeof *limits);
-    if (!limits) return LI_NO_MEMORY;
+    float *scores = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof *scores);   /* a decode row's scores */
+    if (!limits || !scores) {
+        free(limits);
+        free(scores);
+        return LI_NO_MEMORY;
+    }
     int ties = 0;
     for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
         int64_t out = b * a->s1 * a->k;
@@ -579,5 +583,6 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
         ties |= code > 0;
     }
     free(limits);
+    free(scores);
     return status == LI_OK && ties ? LI_TIES : status;
 }
