@@ -146,6 +146,51 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     return _planned(_MM_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 0), _torch_mm)
 
 
+_MM_OUT_PLANS = call_plans.Plans("skinny_mm")      # the op dispatch measures: its class choices are mm's
+_aten_mm_out = serial_when_small("mm.default", torch.mm)       # torch.mm(x, w, out=...): the same work rule
+
+
+def _torch_mm_out(x: Tensor, w: Tensor, out: Tensor) -> Tensor:
+    return _aten_mm_out(x, w, out=out)
+
+
+def _fits(out: Tensor, rows: int, cols: int) -> bool:
+    """Whether the kernel can write x @ w straight into out: fp32 [rows, cols] on the CPU, rows one after another."""
+    return (out.dtype is _F32 and out.is_cpu and tuple(out.shape) == (rows, cols) and out.stride(1) == 1
+            and (rows == 1 or out.stride(0) == cols))
+
+
+def _native_out_plan(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """As _native_plan for x @ w, writing into the caller's out (`_fits`)."""
+    rows, inner = x.shape
+    x_stride, w_stride, cols = x.stride(0), w.stride(0), w.shape[1]
+
+    def plan(x: Tensor, w: Tensor, out: Tensor) -> Tensor:
+        status = kernel(x.data_ptr(), rows, inner, x_stride, w.data_ptr(), w_stride, cols, out.data_ptr())
+        return out if not status else _aten_mm_out(x, w, out=out)
+
+    return plan
+
+
+def _native_mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor, *, out: Tensor) -> Tensor:
+    """Inductor's `extern_kernels.mm(x, w, out=out)` in its generated code (runtime.inductor_glue): the native
+    product into out where it applies and kernels/dispatch.py measured it faster (the class `_native_mm` measures),
+    else torch.mm into out, on one thread when small; decided once per signature."""
+    signature = (_signature(x, w), out.shape, out.stride(), out.dtype, out.is_cpu)
+    plan = _MM_OUT_PLANS.get(signature)
+    if plan is not None:
+        return plan(x, w, out)
+    if not (_takes(x, w, 0) and _fits(out, x.shape[0], w.shape[1])):
+        _MM_OUT_PLANS.put(signature, _torch_mm_out)
+        return _aten_mm_out(x, w, out=out)
+    streamed = _streamed(w)
+    cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1], "streamed" if streamed else "")
+    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: _native_out_plan(kernel, x, w)(x, w, out),
+                          lambda: _aten_mm_out(x, w, out=out),
+                          _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
+    return _planned(_MM_OUT_PLANS, signature, result, cls, lambda: _native_out_plan(kernel, x, w), _torch_mm_out)
+
+
 def mm(x: Tensor, w: Tensor) -> Tensor:
     """x @ w for x [M, K] and w [K, N], through the native kernel where it applies (module docstring), else
     aten.mm."""
@@ -169,6 +214,13 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     result = dispatch.run("skinny_linear", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 1)(x, w),
                           lambda: F.linear(x, w), _evictor(loaded.lib, w) if streamed else None)
     return _planned(_LINEAR_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 1), _torch_linear)
+
+
+def native_out_callable() -> Callable[..., Any]:
+    """What the CPU runtime binds Inductor's `extern_kernels.mm(x, w, out=...)` to: the native product into out
+    where the library is loaded, else torch.mm (one thread when small)."""
+    return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_mm_out, _typed(lib)[0])) \
+        or _aten_mm_out
 
 
 def native_callable() -> Callable[..., Any] | None:

@@ -100,6 +100,10 @@ class TracedBinder:
     def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
         return self.aten(op, overload)
 
+    def extern(self, op: str) -> Callable[..., Any]:
+        """Inductor's `extern_kernels.<op>` (torch.mm, torch.bmm, torch.addmm, called with out=)."""
+        return getattr(torch, op)
+
 
 class DirectBinder(TracedBinder):
     """What runs (module docstring); the overloads where there is nothing more direct."""
@@ -112,6 +116,12 @@ class DirectBinder(TracedBinder):
 
     def native(self, kernel: str, op: str, overload: str) -> Callable[..., Any]:
         return NATIVE_MODULES[kernel].native_callable() or super().native(kernel, op, overload)
+
+    def extern(self, op: str) -> Callable[..., Any]:
+        """mm: the native skinny product into out where it applies; bmm and addmm on one thread when small."""
+        if op == "mm":
+            return skinny_mm.native_out_callable()
+        return serial_when_small(f"{op}.default", super().extern(op))
 
 
 DIRECT, AS_TRACED = DirectBinder(), TracedBinder()

@@ -1,7 +1,8 @@
 """Binding a CPU graph's calls, a lowering step: the generated source's `torch.ops.ascend_dsa.<op>.default(`
 and `torch.ops.aten.<op>.<overload>(` calls become calls of plain names, each bound once by a header of
 assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_mul_Tensor = _bind.aten("mul",
-"Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`).
+"Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`); in Inductor's generated module
+(runtime.inductor_glue) also its `extern_kernels.mm(a, b, out=buf)` products (`_extern_mm = _bind.extern("mm")`).
 
 The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
 `_bind` is the runtime's binder (npu_graph.runtime.direct_calls): fused ops' Python implementations, ATen callables,
@@ -15,10 +16,14 @@ import re
 FUSED_PREFIX = "_ascend_dsa_direct_"
 ATEN_PREFIX = "_aten_"
 NATIVE_PREFIX = "_native_"
+EXTERN_PREFIX = "_extern_"
 HEADER = "# calls bound when the graph is loaded (npu_graph.targets.cpu_bindings)\n"
 
 _FUSED_CALL = re.compile(r"torch\.ops\.ascend_dsa\.(\w+)\.default\(")
 _ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)\(")
+# Inductor's products it does not generate code for: torch.mm / bmm / addmm with out=, which fork BLAS's thread
+# team for decode-sized work unless bound (runtime.direct_calls)
+_EXTERN_CALL = re.compile(r"\bextern_kernels\.(mm|bmm|addmm)\(")
 
 # ATen overloads a native kernel takes where it applies (its module in npu_graph.kernels; the overload otherwise)
 NATIVE_KERNELS = {"mm.default": "skinny_mm", "convolution.default": "depthwise_conv1d",
@@ -44,7 +49,12 @@ def bind_source(source: str) -> str:
         bindings[name] = expr
         return name + "("
 
-    body = _ATEN_CALL.sub(aten, _FUSED_CALL.sub(fused, source))
+    def extern(match: re.Match) -> str:
+        name = EXTERN_PREFIX + match.group(1)
+        bindings[name] = f"_bind.extern({match.group(1)!r})"
+        return name + "("
+
+    body = _EXTERN_CALL.sub(extern, _ATEN_CALL.sub(aten, _FUSED_CALL.sub(fused, source)))
     if not bindings:
         return source
     return HEADER + "".join(f"{name} = {expr}\n" for name, expr in sorted(bindings.items())) + body

@@ -133,3 +133,24 @@ def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, tmp
     evicted.clear()
     skinny_mm.mm(x, small)
     assert not evicted
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3])
+def test_products_into_inductors_out_buffers(rows, monkeypatch):
+    """Inductor's extern_kernels.mm(x, w, out=buf), as the runtime binds it: the native product written into buf
+    (a one-row buf may have any row stride, as Inductor's reinterpreted buffers do); a buf the kernel cannot write
+    (rows not one after another) gets torch.mm into it."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 96, generator=g), torch.randn(96, 40, generator=g)
+    mm_out = skinny_mm.native_out_callable()
+    out = torch.empty(rows, 40).as_strided((rows, 40), (0 if rows == 1 else 40, 1))
+    refuse(monkeypatch, skinny_mm, "_aten_mm_out", said="fell back to torch")
+    for _ in range(2):                                 # the first call, then the plan
+        assert mm_out(x, w, out=out) is out
+        assert_within_fp32_summation_bound(out, x, w)
+    monkeypatch.undo()
+    padded = torch.empty(rows, 48)[:, :40]             # rows 48 apart
+    mm_out(x, w, out=padded)
+    torch.testing.assert_close(padded, x @ w)

@@ -123,3 +123,25 @@ def test_explicit_inductor_glue_that_cannot_run_falls_back_with_a_warning():
     assert torch.equal(got[0], x.view(-1)) and torch.equal(got[1], (x * 2).sum())
     messages = [str(w.message) for w in caught if issubclass(w.category, CompilationFallbackWarning)]
     assert messages and "AOT autograd" in messages[0], messages
+
+
+def _decode_linears(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """A decode row through three linear layers and a gate: products Inductor leaves to extern_kernels.mm."""
+    h = torch.nn.functional.silu(x @ w1) * (x @ w2)
+    return (h @ w3).relu()
+
+
+def test_inductor_products_are_bound_like_the_runtimes_own(tmp_path, monkeypatch):
+    """Inductor's `extern_kernels.mm(a, b, out=buf)` runs the native skinny product into buf (or torch.mm on one
+    thread when small) instead of BLAS forking its team for a decode row; results equal the Python form's."""
+    monkeypatch.setenv("ASCEND_DSA_NATIVE", "1")
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(1, 64, generator=g), torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g),
+            torch.randn(256, 64, generator=g))
+    expected = _compiled(_decode_linears, {"cache": False, "cpu_glue": "python"}, *args)
+    torch._dynamo.reset()
+    got = _compiled(_decode_linears, {"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)}, *args)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    source = next(tmp_path.glob("*/compiled.py")).read_text()
+    assert "_extern_mm = _bind.extern('mm')" in source and "_extern_mm(" in source
+    assert "extern_kernels.mm(" not in source.replace("_extern_mm(", "")
