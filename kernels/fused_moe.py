@@ -10,11 +10,12 @@ out has x's dtype. The CPU implementation sorts the T*k (token, slot) pairs by e
 tokens of each active expert into one contiguous group, runs the two GEMMs per active expert on its
 whole group (a grouped matmul; experts no token chose cost nothing), scales the rows by their routing
 weight and scatters them back with one index_add_ into an fp32 accumulator. A single token (decode) skips
-the dispatch and runs its k experts in turn: in one native call (kernels/fused_moe_native.py) where
-kernels/dispatch.py measured that faster for the shape class. The GEMMs run in the input
-dtype: measured single-threaded on this machine (AVX512-BF16, oneDNN), a bf16 expert GEMM is about 3x
-faster than the fp32 one from 4 rows up and on par for a single row, and converting the expert weights
-to fp32 would cost more than the GEMM itself.
+the dispatch and runs its k experts in turn. The native kernel (kernels/fused_moe_native.py) does a call's tokens
+one by one in one call (a decode token; a short prompt of a small model, where the grouped path's ~10 calls per
+expert cost more than the arithmetic), where kernels/dispatch.py measured that faster for the shape class.
+The GEMMs run in the input dtype: measured single-threaded on an AVX512-BF16 CPU (oneDNN), a bf16 expert
+GEMM is about 3x faster than the fp32 one from 4 rows up and on par for a single row, and converting the
+expert weights to fp32 would cost more than the GEMM itself.
 """
 import functools
 
@@ -104,38 +105,16 @@ NATIVE_SOURCE = fused_moe_native.NATIVE_SOURCE
 
 def native_class(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, *args: object, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a token the native kernel takes, else None."""
+    """The shape class kernels/dispatch.py measures for tokens the native kernel takes, else None."""
     if fused_moe_native.kernel() is None or not fused_moe_native.takes(x, w13, w2, topk_weights, topk_ids):
         return None
-    return dispatch.shape_class(x.shape[1], w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1])
+    return dispatch.shape_class(*(() if x.shape[0] == 1 else (x.shape[0], "tokens")), x.shape[1], w13.shape[0],
+                                w13.shape[1] // 2, topk_ids.shape[1])
 
 
-def _one_token(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-               topk_ids: torch.Tensor) -> torch.Tensor:
-    """A decode token: the native kernel or the Python loop, whichever kernels/dispatch.py measured faster for
-    the class; decided once per signature (kernels/call_plans)."""
-    args = (x, w13, w2, topk_weights, topk_ids)
-    signature = tuple((t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad) for t in args)
-    plan = _PLANS.get(signature)
-    if plan is not None:
-        return plan(*args)
-    cls = native_class(*args)
-    if cls is None:
-        _PLANS.put(signature, _fused_moe_one_token)
-        return _fused_moe_one_token(*args)
-    native_plan = fused_moe_native.token_plan(fused_moe_native.kernel(), x, w13, w2, topk_ids,
-                                              functools.partial(_check_ids, experts=w13.shape[0]))
-    result = dispatch.run(OP, NATIVE_SOURCE, cls, lambda: native_plan(*args), lambda: _fused_moe_one_token(*args))
-    impl = dispatch.known(OP, cls)
-    if impl is not None:
-        _PLANS.put(signature, native_plan if impl == "native" else _fused_moe_one_token)
-    return result
-
-
-def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] == 1:
-        return _one_token(x, w13, w2, topk_weights, topk_ids)
+def _grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+             topk_ids: torch.Tensor) -> torch.Tensor:
+    """Several tokens by the torch path: grouped by expert, two products per active expert (module docstring)."""
     _check_ids(topk_ids, w13.shape[0])
     top_k = topk_ids.shape[1]
     order, counts = _dispatch(topk_ids, w13.shape[0])
@@ -151,6 +130,29 @@ def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
             start += n
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     return out.index_add_(0, token_of, rows).to(x.dtype)
+
+
+def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   topk_ids: torch.Tensor) -> torch.Tensor:
+    """The native kernel (token by token) or the torch path (a decode token's experts in turn, several tokens
+    grouped by expert), whichever kernels/dispatch.py measured faster for the class; decided once per signature
+    (kernels/call_plans)."""
+    args = (x, w13, w2, topk_weights, topk_ids)
+    signature = tuple((t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad) for t in args)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(*args)
+    torch_plan = _fused_moe_one_token if x.shape[0] == 1 else _grouped
+    cls = native_class(*args)
+    if cls is None:
+        _PLANS.put(signature, torch_plan)
+        return torch_plan(*args)
+    native_plan = fused_moe_native.plan(x, w13, w2, topk_ids, functools.partial(_check_ids, experts=w13.shape[0]))
+    result = dispatch.run(OP, NATIVE_SOURCE, cls, lambda: native_plan(*args), lambda: torch_plan(*args))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:
+        _PLANS.put(signature, native_plan if impl == "native" else torch_plan)
+    return result
 
 
 @torch.library.custom_op("ascend_dsa::fused_moe", mutates_args=())

@@ -4,8 +4,9 @@ The op's CPU path decides at every call which implementation runs (kernels/dispa
 reads the KV tensors, and then for each batch takes views of the query, keys, indices and outputs only to read
 their addresses; a decode call (one query token, a few selected rows) spent ~0.1 ms on that and ~5 us in the
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
-fp32 queries whose rows lie contiguously, KV in the BSND layout or paged, and addresses each batch's rows from
-the tensors' base pointers (a paged cache's through the block table) with the strides fixed; the data checks
+fp32 queries (copied first when their rows do not lie one after another), KV in the BSND layout or paged, and
+addresses each batch's rows from the tensors' base pointers (a paged cache's through the block table) with the
+strides fixed; the data checks
 (sparse_indices, the sequence lengths, the block table, the key starts of a left-padded batch) still run at every
 call, and a kernel that cannot get its scratch memory still sends the call to the full path.
 """
@@ -33,10 +34,14 @@ def _rows_contiguous(x: Tensor) -> bool:
 
 
 def takes(query: Tensor, query_rope: Tensor | None) -> bool:
-    """Whether `native_plan` serves this signature: fp32 query (and rope) rows stored contiguously (KV BSND or
-    paged)."""
-    return (query.dtype == torch.float32 and _rows_contiguous(query)
-            and (query_rope is None or (query_rope.dtype == torch.float32 and _rows_contiguous(query_rope))))
+    """Whether `native_plan` serves this signature: fp32 query (and rope), KV BSND or paged. Queries whose rows
+    do not lie one after another (heads transposed from [B, N1, S1, D]) are copied first."""
+    return query.dtype == torch.float32 and (query_rope is None or query_rope.dtype == torch.float32)
+
+
+def _as_rows(x: Tensor | None) -> Tensor | None:
+    """x as the kernel reads it: itself when its rows lie one after another, else a contiguous copy."""
+    return x if x is None or _rows_contiguous(x) else x.contiguous()
 
 
 def outputs(query: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -86,10 +91,12 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     `full_path`."""
     dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
-    fixed = _call_args(query, key, value, dtypes, sparse_indices, block_table, query_rope, key_rope,
-                       sparse_block_size, sparse_mode)
+    fixed = _call_args(_as_rows(query), key, value, dtypes, sparse_indices, block_table, _as_rows(query_rope),
+                       key_rope, sparse_block_size, sparse_mode)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
+    copy_query = not _rows_contiguous(query)
+    copy_rope = query_rope is not None and not _rows_contiguous(query_rope)
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
              block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
@@ -97,12 +104,14 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
              key_scale: Tensor | None, value_scale: Tensor | None,
              key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         idx, table = as_int(sparse_indices, idx_dtype), as_int(block_table, table_dtype)
+        q = query.contiguous() if copy_query else query
+        q_rope = query_rope.contiguous() if copy_rope else query_rope
         starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
         lq, lkv = as_int(actual_seq_lengths_query, lq_dtype), as_int(actual_seq_lengths_kv, lkv_dtype)
         out, stats = torch.empty(query.shape, dtype=torch.float32), query.shape[:3]
         smax, ssum = torch.empty(stats, dtype=torch.float32), torch.empty(stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
-        status = entry(args, query.data_ptr(), None if query_rope is None else query_rope.data_ptr(), idx.data_ptr(),
+        status = entry(args, q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), idx.data_ptr(),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
                        None if lkv is None else lkv.data_ptr(), None if starts is None else starts.data_ptr(),
                        starts is not None and starts.dtype is torch.int64, capacity, key.data_ptr(),

@@ -376,16 +376,24 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
     memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
     int64_t chunks = (n + CHUNK - 1) / CHUNK;
     int failed = 0;
-#pragma omp parallel reduction(| : failed) num_threads(threads > 1 ? threads : 1) \
-    if (threads > 1 && n * hp * d >= PARALLEL_MIN_MACS)
-    {
+    if (threads > 1 && n * hp * d >= PARALLEL_MIN_MACS) {
+#pragma omp parallel reduction(| : failed) num_threads(threads)
+        {
+            float *kf = malloc(thread_floats(d, bf16_dot));
+            failed = !kf;
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t c = 0; c < chunks; c++)
+                if (!failed)
+                    score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n,
+                                bf16_dot, kf, score);
+            free(kf);
+        }
+    } else {    /* no team at all: an `if (0)` parallel region still builds a team of one (~2 us a prefill row) */
         float *kf = malloc(thread_floats(d, bf16_dot));
         failed = !kf;
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t c = 0; c < chunks; c++)
-            if (!failed)
-                score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n,
-                            bf16_dot, kf, score);
+        for (int64_t c = 0; kf && c < chunks; c++)
+            score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n, bf16_dot, kf,
+                        score);
         free(kf);
     }
     free(qp);

@@ -4,7 +4,8 @@
  * Each score becomes an order-preserving unsigned key. One pass over all n keys counts their top TOPK_DIGIT bits;
  * the bin that holds the k-th largest is found from the top, a second pass keeps the keys above it and lists the
  * keys in it (in position order), and only that short list is refined digit by digit. The k kept keys are then
- * sorted by a stable radix sort of (key, position) pairs, so equal keys keep position order.
+ * sorted by a stable radix sort of (key, position) pairs, so equal keys keep position order. Few keys (a prefill
+ * row of a short prompt) are inserted into a sorted list instead.
  */
 #ifndef ASCEND_DSA_TOPK_SELECT_H
 #define ASCEND_DSA_TOPK_SELECT_H
@@ -15,6 +16,7 @@
 
 #define TOPK_DIGIT 11
 #define TOPK_BINS (1 << TOPK_DIGIT)
+#define TOPK_SMALL 8192   /* n x take below which insertion beats the histograms (32 KiB zeroed a call) */
 
 struct topk_pair {
     uint32_t key;
@@ -63,10 +65,27 @@ static void topk_sort(struct topk_pair *p, struct topk_pair *tmp, int64_t m) {
     }
 }
 
+/* topk_select for few keys (n * take <= TOPK_SMALL): insertion into the sorted pairs[0:take], each key after the
+ * kept keys equal to it (they came first), so equal keys keep position order without the histograms. */
+static void topk_insert(const float *score, int64_t n, int64_t take, struct topk_pair *pairs) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t key = order_key(score[i]);
+        if (m == take && key <= pairs[m - 1].key) continue;
+        int64_t j = m < take ? m++ : m - 1;
+        for (; j > 0 && pairs[j - 1].key < key; j--) pairs[j] = pairs[j - 1];
+        pairs[j] = (struct topk_pair){key, (int32_t)i};
+    }
+}
+
 /* The take (1 <= take <= n) largest of score[0:n] in pairs[0:take], sorted as torch.topk sorts them (header).
  * scratch: n keys and n positions; tmp: take pairs. */
 static void topk_select(const float *score, int64_t n, int64_t take, uint32_t *keys, int32_t *list,
                         struct topk_pair *pairs, struct topk_pair *tmp) {
+    if (n * take <= TOPK_SMALL) {
+        topk_insert(score, n, take, pairs);
+        return;
+    }
     const int shift = 32 - TOPK_DIGIT;
     for (int64_t i = 0; i < n; i++) keys[i] = order_key(score[i]);
     int32_t hist[2][TOPK_BINS] = {{0}};     /* two tables: runs of equal digits do not wait on one counter */

@@ -70,12 +70,16 @@ def test_profiling_and_take_used_take_the_full_path():
     assert "rms_norm" in dispatch.take_used()
 
 
-def sfa_case(batch, s1, value_shared, rope, pad_starts):
+def sfa_case(batch, s1, value_shared, rope, pad_starts, heads_first=False):
+    """heads_first: query (and rope) [B, S1, N1, D] views of [B, N1, S1, D] tensors, as a model's attention
+    transposes them (the plan copies them)."""
     g = torch.Generator().manual_seed(batch * 10 + s1)
-    q = torch.randn(batch, s1, 4, 32, generator=g)
+    q = torch.randn(batch, 4, s1, 32, generator=g).transpose(1, 2) if heads_first else torch.randn(batch, s1, 4, 32,
+                                                                                                   generator=g)
     kv = torch.randn(batch, 40, 1, 32, generator=g)
     value = kv if value_shared else torch.randn(batch, 40, 1, 32, generator=g)
     q_rope = torch.randn(batch, s1, 4, 8, generator=g) if rope else None
+    q_rope = q_rope.transpose(1, 2).contiguous().transpose(1, 2) if rope and heads_first else q_rope
     k_rope = torch.randn(batch, 40, 1, 8, generator=g) if rope else None
     idx = torch.stack([torch.randperm(40, generator=g)[:8] for _ in range(batch * s1)]).view(batch, s1, 1, 8)
     lengths_q = torch.tensor([s1] + [max(s1 - 1, 0)] * (batch - 1), dtype=torch.int32)
@@ -84,10 +88,11 @@ def sfa_case(batch, s1, value_shared, rope, pad_starts):
     return (q, kv, value, idx.to(torch.int32), 0.17, None, lengths_q, lengths_kv, q_rope, k_rope, None, None, starts)
 
 
-@pytest.mark.parametrize(("batch", "s1", "value_shared", "rope", "pad_starts"), [
-    (1, 1, True, True, False), (3, 2, True, True, True), (2, 3, False, False, False), (2, 1, False, True, True)])
-def test_sparse_attention_plans_equal_the_full_path(batch, s1, value_shared, rope, pad_starts):
-    args = sfa_case(batch, s1, value_shared, rope, pad_starts)
+@pytest.mark.parametrize(("batch", "s1", "value_shared", "rope", "pad_starts", "heads_first"), [
+    (1, 1, True, True, False, False), (3, 2, True, True, True, False), (2, 3, False, False, False, False),
+    (2, 1, False, True, True, False), (2, 5, True, True, True, True), (1, 4, False, False, False, True)])
+def test_sparse_attention_plans_equal_the_full_path(batch, s1, value_shared, rope, pad_starts, heads_first):
+    args = sfa_case(batch, s1, value_shared, rope, pad_starts, heads_first)
     assert sfa_plan.takes(args[0], args[8])
     first, second, hit = planned(sfa._PLANS, OPS.sparse_flash_attention, *args, sparse_mode=3)
     assert hit and same(first, second)

@@ -125,10 +125,11 @@ def test_a_single_token_with_an_expert_out_of_range_says_which_values(shift):
 native_moe = pytest.mark.skipif(not fused_moe_native.kernel(), reason="the native fused_moe kernel is not built")
 
 
-def one_token_native_only(monkeypatch):
-    """ASCEND_DSA_NATIVE=1 and the Python loop refused: a passing call ran the native kernel."""
+def native_only(monkeypatch):
+    """ASCEND_DSA_NATIVE=1 and both torch paths refused: a passing call ran the native kernel."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     refuse(monkeypatch, fused_moe, "_fused_moe_one_token", said="took the Python loop")
+    refuse(monkeypatch, fused_moe, "_grouped", said="took the grouped torch path")
 
 
 @native_moe
@@ -137,7 +138,7 @@ def one_token_native_only(monkeypatch):
     (64, 32, 8, 2, False), (16, 8, 4, 1, False), (48, 24, 32, 8, False), (33, 7, 5, 3, True),
     (512, 256, 8, 2, False)])                     # the last one splits its products across the threads
 def test_native_one_token_matches_reference(monkeypatch, hidden, inter, experts, top_k, twice):
-    one_token_native_only(monkeypatch)
+    native_only(monkeypatch)
     x, w13, w2, weights, ids = make_inputs(1, hidden, inter, experts, top_k, seed=hidden)
     ids = ids.long()
     if twice:
@@ -147,10 +148,24 @@ def test_native_one_token_matches_reference(monkeypatch, hidden, inter, experts,
 
 
 @native_moe
+@pytest.mark.usefixtures("isa_level")
+@pytest.mark.parametrize(("tokens", "hidden", "inter", "experts", "top_k"), [
+    (2, 64, 32, 8, 2), (7, 33, 7, 5, 3), (64, 64, 32, 8, 2),
+    (64, 512, 256, 8, 2)])                        # the last one shares its tokens across the threads
+def test_native_tokens_match_reference(monkeypatch, tokens, hidden, inter, experts, top_k):
+    """Several tokens in one call (a short prompt): each token as the one-token kernel does it."""
+    native_only(monkeypatch)
+    x, w13, w2, weights, ids = make_inputs(tokens, hidden, inter, experts, top_k, seed=tokens + hidden)
+    out = OPS.fused_moe(x, w13, w2, weights, ids.long())
+    torch.testing.assert_close(out, reference_fused_moe(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+@native_moe
+@pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("shift", [3, -5])
-def test_native_one_token_ids_out_of_range_say_which_values(monkeypatch, shift):
-    one_token_native_only(monkeypatch)
-    x, w13, w2, weights, ids = make_inputs(1, 16, 8, 4, 2)
+def test_native_ids_out_of_range_say_which_values(monkeypatch, tokens, shift):
+    native_only(monkeypatch)
+    x, w13, w2, weights, ids = make_inputs(tokens, 16, 8, 4, 2)
     ids = ids.long() + shift
     low, high = int(ids.min()), int(ids.max())
     with pytest.raises(ValueError, match=rf"must lie in \[0, 4\); got values in \[{low}, {high}\]"):
@@ -160,7 +175,7 @@ def test_native_one_token_ids_out_of_range_say_which_values(monkeypatch, shift):
 @native_moe
 def test_operands_the_kernel_does_not_read_take_the_python_loop(monkeypatch):
     monkeypatch.setenv(native.ENV_SWITCH, "1")
-    refuse(monkeypatch, fused_moe_native, "token_plan", said="took the native kernel")
+    refuse(monkeypatch, fused_moe_native, "plan", said="took the native kernel")
     x, w13, w2, weights, ids = make_inputs(1, 16, 8, 4, 2)
     for case in ((x, w13, w2, weights, ids), (x, w13, w2, weights.bfloat16(), ids.long()),
                  (x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids.long())):

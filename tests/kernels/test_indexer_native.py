@@ -73,7 +73,8 @@ def test_switch_off_uses_the_torch_path(monkeypatch):
 
 
 @pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
-@pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777)])
+@pytest.mark.parametrize(("n", "k"), [(16384, 2048), (1000, 1), (300, 300), (10, 32), (0, 4), (5000, 777),
+                                       (64, 8), (90, 89)])     # n x (k + 1) <= 8192: sorted insertion
 @pytest.mark.parametrize("values", ["distinct", "ties", "negative_and_inf", "nan_and_zeros", "close"])
 def test_native_topk_equals_torch_topk(n, k, values):
     """Values equal torch.topk's (sorted, -inf pads); among equal scores the lowest positions come first (-0 and +0
