@@ -7,8 +7,10 @@ inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within 
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
 folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
 the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
-caches its choices). Every later call of the class is a dictionary lookup. Both paths must be free of side
-effects other than their results.
+caches its choices). Every later call of the class is a dictionary lookup. A first measurement whose two
+paths lie within CLOSE of each other is only provisional: it serves the class for REMEASURE_S, then the class is
+measured once more and that choice is kept (first use is often during a compile, whose worker processes share
+the cores). Both paths must be free of side effects other than their results.
 
 ASCEND_DSA_NATIVE selects the mode, read at every call: `auto` (the default) measures; `1` takes the native
 kernel wherever it applies (tests and the kernel benchmarks use it to exercise the native code); `0` never
@@ -38,6 +40,8 @@ ROUNDS = 10         # at most this many timed rounds of each path (after one war
 MIN_ROUNDS = 3      # ... and at least this many, unless one round takes more than BUDGET_S
 ENOUGH_S = 0.02     # no further rounds past MIN_ROUNDS once a measurement has taken this long (cheap ops get more)
 BUDGET_S = 0.5      # no further rounds once a measurement has taken this long
+CLOSE = 1.5         # a first measurement whose paths lie within this factor is provisional ...
+REMEASURE_S = 5.0   # ... for this long; the next call after it measures again (`_measured`)
 _LOCK = threading.Lock()
 
 
@@ -156,6 +160,8 @@ def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T],
 
 # (op, level, shape class) -> ("native" or "torch", its label for take_used), in this process
 _known: dict[tuple, tuple[str, str]] = {}
+# (op, level, shape class) -> (the provisional choice, when to measure again): see `_measured`
+_provisional: dict[tuple, tuple[str, float]] = {}
 
 
 def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
@@ -174,20 +180,38 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     # a decode step makes ~40 of these calls: one lookup each
     known = ("native", f"native[{level}]") if mode() == "force" else _known.get((op, level, cls))
     if known is None:
-        key = _key(op, library, cls)
-        found = _loaded_table().get(key)
-        if found is None:
-            result, choice = _measure(native_fn, torch_fn, prepare)
-            _save(key, choice)
-            _remember(op, level, cls, choice.impl)
-            return result
-        known = _remember(op, level, cls, found["impl"])
+        pending = _provisional.get((op, level, cls))
+        if pending is not None and time.monotonic() < pending[1]:
+            known = pending[0], f"native[{level}]" if pending[0] == "native" else "torch"
+        else:
+            found = None if pending is not None else _loaded_table().get(_key(op, library, cls))
+            if found is None:
+                return _measured(op, library, cls, level, native_fn, torch_fn, prepare)
+            known = _remember(op, level, cls, found["impl"])
     _used.setdefault(op, set()).add(known[1])
     chosen = native_fn if known[0] == "native" else torch_fn
     if autograd_profiler._is_profiler_enabled:  # an event naming the implementation (npu_graph.runtime.profiling)
         with autograd_profiler.record_function(f"ascend_dsa::{op}/{known[1]}"):
             return chosen()
     return chosen()
+
+
+def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable[[], T], torch_fn: Callable[[], T],
+              prepare: Callable[[], object] | None) -> T:
+    """The result of measuring both paths for the class. A first measurement whose paths lie within CLOSE of each
+    other is provisional: its choice serves the class for REMEASURE_S without being kept, then the class is
+    measured once more and that choice is kept (a compile's worker processes starting up on the same cores have
+    slowed both paths ~10x at first use, and a choice kept on disk outlives the process)."""
+    result, choice = _measure(native_fn, torch_fn, prepare)
+    fast, slow = sorted((choice.native_ms, choice.torch_ms))
+    if (op, level, cls) not in _provisional and slow < CLOSE * fast:
+        _provisional[(op, level, cls)] = (choice.impl, time.monotonic() + REMEASURE_S)
+        _used.setdefault(op, set()).add(f"native[{level}]" if choice.impl == "native" else "torch")
+        return result
+    _provisional.pop((op, level, cls), None)
+    _save(_key(op, library, cls), choice)
+    _remember(op, level, cls, choice.impl)
+    return result
 
 
 def known(op: str, cls: tuple) -> str | None:
@@ -216,6 +240,10 @@ def describe(op: str, library: str, cls: tuple) -> dict[str, Any]:
     if not native.load(library):
         return {"level": level, "impl": "torch", "why": native.load(library).reason}
     choice = lookup(op, library, cls)
+    pending = _provisional.get((op, level, cls))
+    if choice is None and pending is not None:
+        return {"level": level, "impl": pending[0], "why": f"provisional: both paths within {CLOSE}x at first "
+                                                            "use, measured again at a later call"}
     if choice is None:
         return {"level": level, "impl": "measured at first call", "why": "not yet measured on this CPU"}
     return {"level": level, "impl": choice.impl, "native_ms": round(choice.native_ms, 4),

@@ -18,6 +18,7 @@ def table(monkeypatch, tmp_path):
     monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
     monkeypatch.setattr(dispatch, "_table", None)
     monkeypatch.setattr(dispatch, "_known", {})
+    monkeypatch.setattr(dispatch, "_provisional", {})
     return tmp_path / "dispatch-test.json"
 
 
@@ -61,6 +62,23 @@ def test_the_faster_path_is_measured_then_kept(table, native_s, torch_s, winner)
     assert table.stat().st_mode & 0o077 == 0
 
 
+def test_a_close_first_measurement_is_provisional_then_measured_again(table, monkeypatch):
+    """Paths within CLOSE: the first choice serves the class for REMEASURE_S without being kept (a busy machine at
+    first use), then one more measurement decides and is kept, close or not."""
+    calls: list = []
+    native_fn, torch_fn = counting("native", 0.002, calls), counting("torch", 0.002, calls)
+    first = dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn)
+    assert not table.exists() and dispatch.known("op", ("p",)) is None      # no plan stored for the class yet
+    assert dispatch.describe("op", "rms_norm", ("p",))["why"].startswith("provisional")
+    calls.clear()
+    assert dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn) == first and calls == [first]
+    monkeypatch.setattr(time, "monotonic", lambda: float("inf"))             # REMEASURE_S later
+    calls.clear()
+    second = dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn)
+    assert len(calls) >= 4 and dispatch.known("op", ("p",)) == second
+    assert next(iter(json.loads(table.read_text()).values()))["impl"] == second
+
+
 def test_a_later_process_starts_from_the_table(table, monkeypatch):
     calls: list = []
     dispatch.run("op", "rms_norm", ("b",), counting("native", 0.0, calls), counting("torch", 0.004, calls))
@@ -93,7 +111,8 @@ def test_torch_path_switches_native_off_for_the_call():
 
 
 @pytest.mark.skipif(not native.available("rms_norm")[0], reason="no native kernels built")
-def test_ops_go_through_dispatch(table):
+def test_ops_go_through_dispatch(table, monkeypatch):
+    monkeypatch.setattr(dispatch, "CLOSE", 1.0)         # the first measurement decides, however close
     x, gamma = torch.randn(2, 512), torch.rand(512)
     for _ in range(2):
         y, _ = torch.ops.ascend_dsa.rms_norm(x, gamma, 1e-6)

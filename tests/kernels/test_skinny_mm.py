@@ -120,6 +120,7 @@ def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, tmp
     monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
     monkeypatch.setattr(dispatch, "_table", None)
     monkeypatch.setattr(dispatch, "_known", {})
+    monkeypatch.setattr(dispatch, "CLOSE", 1.0)         # the first measurement decides, however close
     evicted = []
     real = skinny_mm._evictor
     monkeypatch.setattr(skinny_mm, "_evictor", lambda lib, w: lambda: evicted.append(real(lib, w)()))
