@@ -1,8 +1,8 @@
 """canonicalize: remove no-op operations, collapse view chains and drop dead code.
 
 Rules (each counted in the pass stats):
-- `noop_view`: view/reshape/_unsafe_view/expand to the shape and strides the input already has (a reshape of
-  a permuted tensor to its own shape copies it into a contiguous one: not a no-op);
+- `noop_view`: view/reshape/_unsafe_view/expand/slice to the shape and strides the input already has (a reshape
+  of a permuted tensor to its own shape copies it into a contiguous one: not a no-op);
 - `view_chain`: view(view(x, a), b) -> view(x, b), also through unsqueeze/squeeze, and
   unsqueeze(view(x, a), d) -> view(x, a with 1 inserted at d); a strict view (not reshape) of a reshape
   collapses only when x is contiguous, since the inner reshape may be the copy that makes the view possible;
@@ -10,6 +10,10 @@ Rules (each counted in the pass stats):
   not needed for aliasing: neither side is a graph input, a graph output or written in place;
 - `identity_arith`: x * 1, x / 1, x + 0, x - 0 with the same dtype and shape as x;
 - `double_transpose`: t(t(x)) -> x;
+- `double_negation`: not(not(x)) -> x for a bool x (bitwise_not and logical_not alike);
+- `unit_select`: select(mask, d, 0) of a size-1 dim d of a bool mask -> squeeze(mask, [d]) (the same view: two
+  spellings of one attention mask become one node, and CSE leaves one `causal_lengths` for the fused ops reading
+  it; other selects stay as the model wrote them, which the fusion patterns read);
 - `permute_chain`: permute(permute(x, p), q) -> permute(x, p composed with q); a permute that keeps the order
   of x's non-unit dims and its shape is x itself (`noop_permute`), and a view of such a permute views x
   directly (`unit_permute_view`): moving size-1 dims does not move any element;
@@ -37,6 +41,7 @@ aten = torch.ops.aten
 _FACTORIES = {aten.new_full.default: aten.full.default, aten.new_zeros.default: aten.zeros.default,
               aten.new_ones.default: aten.ones.default, aten.new_empty.default: aten.empty.memory_format}
 _IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
+_NEGATIONS = {aten.bitwise_not.default, aten.logical_not.default}
 
 
 def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -79,7 +84,7 @@ def _mutated_or_boundary(node: torch.fx.Node) -> bool:
 def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
     """The rule that makes `node` redundant and the node to use instead, if any."""
     target, args = node.target, node.args
-    if (target in RESHAPES or target == aten.expand.default) and _same_layout(node, args[0]):
+    if (target in RESHAPES or target in (aten.expand.default, aten.slice.Tensor)) and _same_layout(node, args[0]):
         return "noop_view", args[0]
     if target in CASTS and _same_tensor_type(node, args[0]) and _plain_copy(node) \
             and not (_mutated_or_boundary(node) or _mutated_or_boundary(args[0])):
@@ -89,6 +94,9 @@ def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
         return "identity_arith", args[0]
     if target == aten.t.default and getattr(args[0], "target", None) == aten.t.default:
         return "double_transpose", args[0].args[0]
+    if target in _NEGATIONS and getattr(args[0], "target", None) in _NEGATIONS \
+            and getattr(val(args[0].args[0]), "dtype", None) == torch.bool and _same_tensor_type(node, args[0].args[0]):
+        return "double_negation", args[0].args[0]
     return None
 
 
@@ -148,6 +156,20 @@ def _noop_permute(node: torch.fx.Node) -> bool:
     return _unit_dims_only(node.args[0], [d % len(node.args[1]) for d in node.args[1]])
 
 
+def _unit_select(node: torch.fx.Node) -> bool:
+    """select(x, d, 0 or -1) where the bool x's dim d has size 1 -> squeeze.dims(x, [d])."""
+    if node.target != aten.select.int or node.args[2] not in (0, -1):
+        return False
+    source = val(node.args[0])
+    if source is None or source.dtype != torch.bool or not same_size(source.shape[node.args[1]], 1):
+        return False
+    with node.graph.inserting_before(node):
+        squeezed = node.graph.call_function(aten.squeeze.dims, (node.args[0], [node.args[1] % source.dim()]))
+    squeezed.meta = dict(node.meta)
+    node.replace_all_uses_with(squeezed)
+    return True
+
+
 def _detach_factory(node: torch.fx.Node) -> bool:
     """x.new_full/new_zeros/new_ones/new_empty(size, ...) -> full/zeros/ones/empty(size, dtype, device of x)."""
     factory = _FACTORIES.get(node.target)
@@ -180,6 +202,9 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
             continue
         if _detach_factory(node):
             counts["detached_factory"] += 1
+            continue
+        if _unit_select(node):
+            counts["unit_select"] += 1
             continue
         found = _replacement(node)
         if found is not None:

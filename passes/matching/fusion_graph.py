@@ -14,7 +14,7 @@ from npu_graph.pass_api import PassResult
 from npu_graph.passes.matching.axis_trace import TraceError, Tracer, flat
 from npu_graph.passes.matching.match_util import NoMatch, near_miss
 from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
-from npu_graph.passes.matching.values import strip_casts, val
+from npu_graph.passes.matching.values import same_size, strip_casts, val
 
 
 def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:
@@ -36,6 +36,22 @@ def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
     return table
 
 
+_NEGATIONS = (torch.ops.aten.bitwise_not.default, torch.ops.aten.logical_not.default)
+
+
+def _size(arg: object) -> object:
+    """A size argument as a value: an int, the symbolic size a `dim_arg` node reads, else None."""
+    if isinstance(arg, torch.fx.Node):
+        return val(arg.args[0]).shape[arg.args[1]] if arg.target == torch.ops.aten.sym_size.int else None
+    return arg
+
+
+def _same_sizes(a: list[object], b: list[object]) -> bool:
+    """Whether two size lists are known equal (ints, or symbolic sizes equal without a guard)."""
+    sizes = [(_size(x), _size(y)) for x, y in zip(a, b)]
+    return len(a) == len(b) and all(x is not None and y is not None and same_size(x, y) for x, y in sizes)
+
+
 def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_shape: list[object],
                              flat_shape: list[object], kind: str, heads: list[int] | None = None,
                              windows: bool = False) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
@@ -47,12 +63,15 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
     rank = val(mask).dim()
     drop = sorted(heads or [])[:max(rank - len(score_shape), 0)]
     drop += [d for d in range(rank) if d not in drop][:max(rank - len(drop) - len(score_shape), 0)]
-    if kind == "invisible":
-        mask = graph.call_function(torch.ops.aten.logical_not.default, (mask,))
+    shape = [size for d, size in enumerate(val(mask).shape) if d not in drop]
+    if kind == "invisible":     # a model's negated mask is used as it was before the negation
+        negated = mask.target in _NEGATIONS and getattr(val(mask.args[0]), "dtype", None) == torch.bool
+        mask = mask.args[0] if negated else graph.call_function(torch.ops.aten.logical_not.default, (mask,))
     if drop:
         mask = graph.call_function(torch.ops.aten.squeeze.dims, (mask, sorted(drop)))
-    mask = graph.call_function(torch.ops.aten.expand.default, (mask, score_shape))
-    if score_shape is not flat_shape:
+    if not _same_sizes(shape, score_shape):     # no view to its own shape: two fused ops' masks stay one node
+        mask = graph.call_function(torch.ops.aten.expand.default, (mask, score_shape))
+    if score_shape is not flat_shape and not _same_sizes(score_shape, flat_shape):
         mask = graph.call_function(torch.ops.aten.reshape.default, (mask, flat_shape))
     lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, kind == "additive", windows))
     parts = [graph.call_function(operator.getitem, (lengths, i)) for i in range(3 if windows else 2)]

@@ -77,6 +77,20 @@ def test_double_transpose_and_dead_code():
     assert stats["double_transpose"] == 1 and stats["dead_code"] >= 1 and aten.exp.default not in targets(gm)
 
 
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_one_mask_spelled_twice_becomes_one_node(mode):
+    """~~mask -> mask (bool only), mask[:, 0] of a unit dim -> squeeze, a full slice -> the tensor: the decode mask
+    an indexer and sparse attention both read (DeepSeek-V3.2 writes it both ways) is then one node for CSE."""
+    def fn(pos, keys):
+        mask = torch.arange(keys.shape[0]).view(1, 1, -1) <= pos.view(-1, 1, 1)       # [B, 1, T]
+        return aten.slice.Tensor(~~mask[:, 0], 1, 0, 2 ** 63 - 1), mask.squeeze(1), ~~pos    # a full slice
+
+    gm, stats = run_pass(fn, torch.tensor([3]), torch.randn(7), mode=mode)
+    assert stats["double_negation"] == 1 and stats["unit_select"] == 1 and stats["noop_view"] >= 1
+    assert not targets(gm) & {aten.select.int, aten.logical_not.default, aten.slice.Tensor}
+    assert aten.bitwise_not.default in targets(gm)            # ~~ of an int tensor is kept (int, not bool)
+
+
 def test_symbolic_shapes_only_removed_when_provably_equal():
     gm, stats = run_pass(lambda x: x.reshape(x.shape[0], x.shape[1]) + x.reshape(x.shape[1], x.shape[0]).sum(),
                          torch.randn(6, 5), mode="symbolic")
