@@ -73,3 +73,15 @@ def test_a_recompiled_dump_that_differs_from_its_entry_keeps_both_and_warns(tmp_
     assert report.extra["dump_matches_entry"] is False and "other code" in caplog.text
     assert (tmp_path / "compiled.py").read_text() == "entry code"
     assert (tmp_path / "compiled_again.py").read_text() == "new code"
+
+
+def test_a_recompiled_dump_that_differs_in_comment_lines_only_matches(tmp_path):
+    """Inductor's comments name the FX nodes a kernel came from, numbered by Dynamo's counters: a graph compiled
+    again differs there alone. Code (and a C++ #include) still counts."""
+    report = GraphReport(name="graph_0", inference=True, target="cpu", dump_folder=str(tmp_path))
+    entry = "#include <x.h>\nbuf0 = f(a)\n    # Source Nodes: [mul_166]\nbuf1 = g(buf0)\n"
+    dump_module.dump_matches_entry(report, entry.replace("mul_166", "mul_160"), entry)
+    assert report.extra["dump_matches_entry"] is True and not (tmp_path / "compiled_again.py").exists()
+    for changed in (entry.replace("g(buf0)", "h(buf0)"), entry.replace("<x.h>", "<y.h>")):
+        dump_module.dump_matches_entry(report, changed, entry)
+        assert report.extra["dump_matches_entry"] is False

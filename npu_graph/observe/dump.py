@@ -167,13 +167,23 @@ class GraphDump:
         self._write_made("summary.json", lambda: json.dumps(summary, indent=2, default=str))
 
 
+_COMMENT_LINE = re.compile(r"^[ \t]*# .*$\n?", re.MULTILINE)
+
+
+def _code(source: str) -> str:
+    """source without its comment lines ("# " at the start: Inductor's note of the FX node names each kernel
+    came from changes with Dynamo's node counters; a C++ `#include` has no space and stays)."""
+    return _COMMENT_LINE.sub("", source)
+
+
 def dump_matches_entry(report: GraphReport, recompiled: str, entry: str) -> None:
     """A cache hit's dump comes from compiling the graph again; summary.json says so and whether that gave the
-    entry's code. If not (a measured choice went the other way), the dump keeps both: compiled.py is the entry's
-    code, which is what runs, and compiled_again.py the new one; one warning says so."""
+    entry's code (comment lines aside). If not (a measured choice went the other way), the dump keeps both:
+    compiled.py is the entry's code, which is what runs, and compiled_again.py the new one; one warning says so."""
     report.extra["dump_stages"] = "compiled again for this dump"
-    report.extra["dump_matches_entry"] = recompiled == entry
-    if recompiled == entry or not report.dump_folder:
+    same = _code(recompiled) == _code(entry)
+    report.extra["dump_matches_entry"] = same
+    if same or not report.dump_folder:
         return
     writer = GraphDump(report.dump_folder)
     writer.write_text("compiled.py", entry)

@@ -20,6 +20,7 @@ carries the C++ of its kernels, so a compile-cache entry holding it is self-cont
 """
 from __future__ import annotations
 
+import re
 from statistics import median
 
 import torch
@@ -36,6 +37,7 @@ from npu_graph.passes.streams.cost_model import numel
 MIN_GLUE_NODES = 64
 SMALL_NODE_ELEMENTS = 8192
 
+_AOT_ID = re.compile(r"^# AOT ID: .*\n", re.MULTILINE)
 ADAPTER = '''
 
 def forward(self, *inputs):
@@ -137,4 +139,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     source = sources[-1] if len(sources) == 1 else None
     if not source:
         raise RuntimeError("Inductor returned no module source for the graph")
-    return source.split("\nif __name__ == \"__main__\":", 1)[0] + ADAPTER
+    body = source.split("\nif __name__ == \"__main__\":", 1)[0]
+    # Inductor's header names the process's AOT compile counter: the same graph compiled again (a cache hit's dump)
+    # would differ in that comment alone
+    return _AOT_ID.sub("", body) + ADAPTER
