@@ -164,8 +164,13 @@ _known: dict[tuple, tuple[str, str]] = {}
 _provisional: dict[tuple, tuple[str, float]] = {}
 
 
+def _labelled(impl: str, level: str) -> tuple[str, str]:
+    """(impl, its label for take_used): "native[LEVEL]" or "torch"."""
+    return impl, f"native[{level}]" if impl == "native" else "torch"
+
+
 def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
-    known = _known[(op, level, cls)] = (impl, f"native[{level}]" if impl == "native" else "torch")
+    known = _known[(op, level, cls)] = _labelled(impl, level)
     _used.setdefault(op, set()).add(known[1])
     return known
 
@@ -178,11 +183,11 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     class's calls meet in use); the class should then say so, as the table keeps one choice per class."""
     level = cpu_isa.active()
     # a decode step makes ~40 of these calls: one lookup each
-    known = ("native", f"native[{level}]") if mode() == "force" else _known.get((op, level, cls))
+    known = _labelled("native", level) if mode() == "force" else _known.get((op, level, cls))
     if known is None:
         pending = _provisional.get((op, level, cls))
         if pending is not None and time.monotonic() < pending[1]:
-            known = pending[0], f"native[{level}]" if pending[0] == "native" else "torch"
+            known = _labelled(pending[0], level)
         else:
             found = None if pending is not None else _loaded_table().get(_key(op, library, cls))
             if found is None:
@@ -206,7 +211,7 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     if (op, level, cls) not in _provisional and slow < CLOSE * fast:
         _provisional[(op, level, cls)] = (choice.impl, time.monotonic() + REMEASURE_S)
-        _used.setdefault(op, set()).add(f"native[{level}]" if choice.impl == "native" else "torch")
+        _used.setdefault(op, set()).add(_labelled(choice.impl, level)[1])
         return result
     _provisional.pop((op, level, cls), None)
     _save(_key(op, library, cls), choice)

@@ -6,9 +6,9 @@ their addresses; a decode call (one query token, a few selected rows) spent ~0.1
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
 fp32 queries (copied first when their rows do not lie one after another), KV in the BSND layout or paged, and
 addresses each batch's rows from the tensors' base pointers (a paged cache's through the block table) with the
-strides fixed; the data checks
-(sparse_indices, the sequence lengths, the block table, the key starts of a left-padded batch) still run at every
-call, and a kernel that cannot get its scratch memory still sends the call to the full path.
+strides fixed; the data checks (sparse_indices, the sequence lengths, the block table, the key starts of a
+left-padded batch) still run at every call, and a kernel that cannot get its scratch memory still sends the call
+to the full path.
 """
 from __future__ import annotations
 
@@ -95,9 +95,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
                        key_rope, sparse_block_size, sparse_mode)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
-    copy_query = not _rows_contiguous(query)
+    copy_query, copy_rope = not _rows_contiguous(query), query_rope is not None and not _rows_contiguous(query_rope)
     out_shape, stats = tuple(query.shape), tuple(query.shape[:3])
-    copy_rope = query_rope is not None and not _rows_contiguous(query_rope)
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
              block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,

@@ -32,7 +32,7 @@ import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
-from npu_graph.passes.matching.values import CASTS, RESHAPES, UNIT_DIMS, same_size, val
+from npu_graph.passes.matching.values import CASTS, NEGATIONS, RESHAPES, UNIT_DIMS, negated_bool, same_size, val
 
 NAME = "canonicalize"
 INFERENCE_ONLY = False
@@ -41,7 +41,6 @@ aten = torch.ops.aten
 _FACTORIES = {aten.new_full.default: aten.full.default, aten.new_zeros.default: aten.zeros.default,
               aten.new_ones.default: aten.ones.default, aten.new_empty.default: aten.empty.memory_format}
 _IDENTITY = {aten.mul.Tensor: 1, aten.div.Tensor: 1, aten.add.Tensor: 0, aten.sub.Tensor: 0}
-_NEGATIONS = {aten.bitwise_not.default, aten.logical_not.default}
 
 
 def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -94,9 +93,9 @@ def _replacement(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
         return "identity_arith", args[0]
     if target == aten.t.default and getattr(args[0], "target", None) == aten.t.default:
         return "double_transpose", args[0].args[0]
-    if target in _NEGATIONS and getattr(args[0], "target", None) in _NEGATIONS \
-            and getattr(val(args[0].args[0]), "dtype", None) == torch.bool and _same_tensor_type(node, args[0].args[0]):
-        return "double_negation", args[0].args[0]
+    inner = negated_bool(args[0]) if target in NEGATIONS else None
+    if inner is not None and _same_tensor_type(node, inner):
+        return "double_negation", inner
     return None
 
 

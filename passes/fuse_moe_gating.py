@@ -25,6 +25,7 @@ from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.fusion_graph import fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch, peel_mask, topk_parts
 from npu_graph.passes.matching.values import (
+    NEGATIONS,
     RESHAPES,
     VIEWS_AND_CASTS,
     arg,
@@ -135,7 +136,7 @@ def _selection(m: Gating) -> Node:
     keep = mask.tensor
     if mask.kind == "invisible":
         keep = strip_views(keep)
-        if keep.target not in (aten.bitwise_not.default, aten.logical_not.default):
+        if keep.target not in NEGATIONS:
             raise NoMatch("the masked experts are not the complement of the kept groups")
         keep = keep.args[0]
     _groups(m, keep, score)

@@ -32,7 +32,7 @@ from npu_graph.passes.matching.fusion_graph import (
 from npu_graph.passes.matching.match_util import NoMatch, paged_read
 from npu_graph.passes.matching.materialize import materialize, size_arg
 from npu_graph.passes.matching.sparse_mask import is_sparse_mask, read_sparse_mask
-from npu_graph.passes.matching.values import VIEWS_AND_CASTS, strip_casts, strip_views, val
+from npu_graph.passes.matching.values import NEGATIONS, VIEWS_AND_CASTS, strip_casts, strip_views, val
 
 NAME = "fuse_sparse_attention"
 INFERENCE_ONLY = True
@@ -98,8 +98,7 @@ def _read_gather_form(m: SparseMatch, score: Expr) -> None:
     if gathered is None:
         raise NoMatch("keys are not rows gathered from a paged cache")
     invisible = strip_views(score.node.args[1])
-    visible = strip_views(invisible.args[0]) if invisible.target in (aten.bitwise_not.default,
-                                                                     aten.logical_not.default) else None
+    visible = strip_views(invisible.args[0]) if invisible.target in NEGATIONS else None
     if visible is None or visible.target != aten.le.Tensor or strip_casts(visible.args[0]) is not gathered[2]:
         raise NoMatch("the mask is not `selected <= position`")
     m.indices, m.position = gathered[2], visible.args[1]

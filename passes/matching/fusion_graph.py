@@ -14,7 +14,7 @@ from npu_graph.pass_api import PassResult
 from npu_graph.passes.matching.axis_trace import TraceError, Tracer, flat
 from npu_graph.passes.matching.match_util import NoMatch, near_miss
 from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
-from npu_graph.passes.matching.values import same_size, strip_casts, val
+from npu_graph.passes.matching.values import negated_bool, same_size, strip_casts, val
 
 
 def leaf_root_ids(tracer: Tracer, leaf: torch.fx.Node) -> set[int]:
@@ -34,9 +34,6 @@ def int32_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
     if val(table).dtype != torch.int32:
         table = graph.call_function(torch.ops.aten._to_copy.default, (table,), {"dtype": torch.int32})
     return table
-
-
-_NEGATIONS = (torch.ops.aten.bitwise_not.default, torch.ops.aten.logical_not.default)
 
 
 def _size(arg: object) -> object:
@@ -65,8 +62,7 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
     drop += [d for d in range(rank) if d not in drop][:max(rank - len(drop) - len(score_shape), 0)]
     shape = [size for d, size in enumerate(val(mask).shape) if d not in drop]
     if kind == "invisible":     # a model's negated mask is used as it was before the negation
-        negated = mask.target in _NEGATIONS and getattr(val(mask.args[0]), "dtype", None) == torch.bool
-        mask = mask.args[0] if negated else graph.call_function(torch.ops.aten.logical_not.default, (mask,))
+        mask = negated_bool(mask) or graph.call_function(torch.ops.aten.logical_not.default, (mask,))
     if drop:
         mask = graph.call_function(torch.ops.aten.squeeze.dims, (mask, sorted(drop)))
     if not _same_sizes(shape, score_shape):     # no view to its own shape: two fused ops' masks stay one node

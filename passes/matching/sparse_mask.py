@@ -15,11 +15,10 @@ import torch
 import torch.fx
 
 from npu_graph.passes.matching.match_util import NoMatch
-from npu_graph.passes.matching.values import is_last_dim, is_neg_inf, is_zero, strip_views, val
+from npu_graph.passes.matching.values import NEGATIONS, is_last_dim, is_neg_inf, is_zero, strip_views, val
 
 aten = torch.ops.aten
 _AND = {aten.bitwise_and.Tensor, aten.logical_and.default}
-_NOT = {aten.bitwise_not.default, aten.logical_not.default}
 
 
 @dataclass
@@ -56,7 +55,7 @@ def _selected_keys(node: object) -> torch.fx.Node | None:
     """idx when `node` is True exactly at the selected keys (`~ones.scatter(idx, False)` or `zeros.scatter(idx,
     True)`)."""
     node = strip_views(node)
-    if isinstance(node, torch.fx.Node) and node.target in _NOT:
+    if isinstance(node, torch.fx.Node) and node.target in NEGATIONS:
         return _last_dim_scatter(node.args[0], False, lambda b: _bool_filled(b, True))
     return _last_dim_scatter(node, True, lambda b: _bool_filled(b, False))
 

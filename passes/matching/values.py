@@ -13,6 +13,7 @@ aten = torch.ops.aten
 RESHAPES = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
 UNIT_DIMS = frozenset({aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default})
 CASTS = frozenset({aten._to_copy.default, aten.clone.default, aten.alias.default})
+NEGATIONS = frozenset({aten.bitwise_not.default, aten.logical_not.default})   # on a bool mask, the same op
 # Ops that keep every element's value and order (a row-major reshape, a unit dim, a broadcast or a copy):
 # what a mask or a routing tensor may pass through on its way to the op that reads it.
 VIEWS_AND_CASTS = RESHAPES | UNIT_DIMS | CASTS | {aten.expand.default}
@@ -84,3 +85,11 @@ def is_last_dim(dim: object, of: int | torch.fx.Node) -> bool:
 def same_size(a: object, b: object) -> bool:
     """Sizes known equal (ints, or symbolic sizes equal without adding a guard)."""
     return statically_known_true(a == b) if not (isinstance(a, int) and isinstance(b, int)) else a == b
+
+
+def negated_bool(node: object) -> torch.fx.Node | None:
+    """x when `node` is not(x) of a bool x (bitwise_not or logical_not: the same on bools), else None."""
+    if not isinstance(node, torch.fx.Node) or node.target not in NEGATIONS:
+        return None
+    source = node.args[0]
+    return source if getattr(val(source), "dtype", None) == torch.bool else None
