@@ -76,6 +76,7 @@ def test_key_is_stable_across_processes_and_hash_seeds():
 
 
 def test_key_changes_with_each_input(monkeypatch):
+    monkeypatch.delenv("ASCEND_DSA_CPU_GLUE", raising=False)   # the suite's default (conftest): configs below differ
     x = torch.randn(4, 16)
     torch.manual_seed(0)
     base = key_of(lambda x: (x * 2).softmax(-1), x)
@@ -86,6 +87,7 @@ def test_key_changes_with_each_input(monkeypatch):
     config = npu_graph.CompilerConfig.from_options
     assert key_of(lambda x: (x * 2).softmax(-1), x, config=config({"quant": "dsa"})) != base
     assert key_of(lambda x: (x * 2).softmax(-1), x, config=config({"verify": True})) == base
+    assert key_of(lambda x: (x * 2).softmax(-1), x, config=config({"cpu.glue": "python"})) != base
     monkeypatch.setattr(cache_key, "pipeline_uuids", lambda: {"canonicalize": "edited"})
     assert key_of(lambda x: (x * 2).softmax(-1), x) != base
     monkeypatch.undo()

@@ -29,8 +29,10 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SOURCE_SUFFIXES = {".py", ".c", ".h"}
 # Subpackages that do not shape compiled code (the command line) or that are walked as roots of their own.
 _NOT_UNDER_ROOT = {"tools", "passes", "kernels", "__pycache__"}
-# Settings that change what the compiler produces; dump/cache/verify/strict only change how it reports.
-KEY_SETTINGS = ("target", "mode", "passes", "quant", "layout", "streams", "superkernel", "experimental_config")
+# Settings that only change how the compiler reports or stores (dump, cache, verify, strict); every other setting,
+# including any added later, changes what it produces and is part of the key (cpu.glue was once left out, and a
+# cache hit then ran the glue another setting had compiled).
+REPORTING_SETTINGS = ("strict", "debug", "cache", "verify")
 
 
 class Uncacheable(Exception):
@@ -185,7 +187,7 @@ def symbolic_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list
 
 def key_settings(config: CompilerConfig) -> dict[str, Any]:
     settings = config.to_dict()
-    return {name: settings[name] for name in KEY_SETTINGS}
+    return {name: value for name, value in settings.items() if name not in REPORTING_SETTINGS}
 
 
 def key_material(gm: torch.fx.GraphModule, example_inputs: list[Any], config: CompilerConfig,
