@@ -28,7 +28,7 @@ import torch.fx
 
 from npu_graph.cache.entry import Artifact
 from npu_graph.cache.key import Uncacheable
-from npu_graph.cache.manager import CompileCache, make_artifact
+from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_code
 from npu_graph.capture import capture_and_compile
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
@@ -39,6 +39,7 @@ from npu_graph.observe.report import GraphReport
 from npu_graph.observe.trace import log_code
 from npu_graph.observe.verify import verified
 from npu_graph.routes import install_routes
+from npu_graph.runtime.glue_upgrade import GlueUpgrade
 
 log = logging.getLogger("npu_graph")
 install_routes()
@@ -119,22 +120,57 @@ class Backend:
             decision, reason = found.decision, found.reason
             if decision == "hit":  # compiled again only for the dump (README "Compile cache"): the entry runs
                 compiled = found.callable
+                if self._glue_pending(sink):         # the glue the entry holds, when a background compile gave it
+                    sink["graphs"][0].finish_glue()
                 dump_matches_entry(reports[0], sink["graphs"][0].source, found.source)
             elif decision == "miss":
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
-                summary = {k: v for k, v in reports[0].to_json().items() if k not in ("cache", "cache_reason")}
-                decision = self.cache.store(found, example_inputs, artifact, summary, why_not)
-                reason = why_not or reason
+                if artifact is not None and self._glue_pending(sink):
+                    # stored once the graph's background glue compile lands, with the glue that then runs
+                    sink["graphs"][0].glue_upgrade.on_landed.append(
+                        lambda upgrade: self._store_landed(found, example_inputs, artifact, upgrade, reports))
+                    reason = f"{reason}; stored once the background glue compile lands"
+                else:
+                    decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
             origin = f"loaded from cache entry {found.key[:12]}" if decision == "hit" else f"compiled, cache {decision}"
             for report, graph in zip(reports, sink["graphs"]):
                 report.cache, report.cache_reason = decision, reason
                 report.extra.update(found.provenance(current_compile_id()))
                 log_code(report.name, origin, found.source if decision == "hit" else graph.source)
             self._write_summaries(reports)
+            if self._glue_pending(sink):
+                sink["graphs"][0].upgrade_listeners.append(lambda _: self._write_summaries(reports))
             if reports[0].dump_folder:
                 entries = reports[0].extra.get("implementations", [])
                 compiled = refreshed_after_first_call(compiled, entries, lambda: self._write_summaries(reports))
             return compiled
+
+    @staticmethod
+    def _glue_pending(sink: dict[str, Any]) -> bool:
+        return len(sink["graphs"]) == 1 and getattr(sink["graphs"][0], "glue_upgrade", None) is not None
+
+    def _store(self, found: Lookup, example_inputs: list[Any], artifact: Artifact | None,
+               reports: list[GraphReport], reason: str, runtime: dict[str, Any] | None = None) -> tuple[str, str]:
+        """Store a compiled miss (or record why not: `reason`); the cache decision and reason. `runtime` replaces
+        the report's runtime settings in the entry's summary."""
+        summary = {k: v for k, v in reports[0].to_json().items() if k not in ("cache", "cache_reason")}
+        if runtime is not None:
+            summary["runtime"] = runtime
+        return self.cache.store(found, example_inputs, artifact, summary, reason), reason
+
+    def _store_landed(self, found: Lookup, example_inputs: list[Any], artifact: Artifact, upgrade: GlueUpgrade,
+                      reports: list[GraphReport]) -> None:
+        """Store a miss whose background glue compile has landed (on the worker's thread), with the code the graph
+        runs from its next call on."""
+        runtime = {**reports[0].extra.get("runtime", {}), "glue_reason": upgrade.reason}
+        if (ready := upgrade.ready) is not None:
+            runtime["glue"] = ready["glue"]
+            try:
+                artifact = with_code(artifact, ready["source"], ready["globals_"], ready["attributes"])
+            except Uncacheable as exc:
+                self._store(found, example_inputs, None, reports, str(exc))
+                return
+        self._store(found, example_inputs, artifact, reports, "", runtime)
 
     @staticmethod
     def _write_summaries(reports: list[GraphReport]) -> None:

@@ -95,4 +95,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     report.timings_ms["compile"] = (time.perf_counter() - start) * 1e3
     if dump:
         dump.write_text("compiled.py", compiled.source)
+    if getattr(compiled, "glue_upgrade", None) is not None:
+        compiled.upgrade_listeners.append(lambda graph: _glue_landed(graph, report, dump))
     return compiled
+
+
+def _glue_landed(compiled: Any, report: GraphReport, dump: GraphDump | None) -> None:
+    """A background glue compile landed (npu_graph.runtime.glue_upgrade): the report and the dump say what runs."""
+    report.extra["runtime"].update(glue=compiled.glue, glue_reason=compiled.glue_reason,
+                                   glue_calls_before=compiled.glue_calls_before)
+    if dump:
+        dump.write_text("compiled.py", compiled.source)

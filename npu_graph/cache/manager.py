@@ -5,6 +5,7 @@ compiled graph: it gives one warning and the graph is compiled."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -165,3 +166,10 @@ def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled:
     return Artifact(compiled.source, check_globals(compiled.globals_), constant_tensors(compiled.attributes),
                     fqns, guards, symbols, prologue_params=list(compiled.param_indices))
 
+
+
+def with_code(artifact: Artifact, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> Artifact:
+    """`artifact` holding other code for the same graph (its background glue compile landed: runtime.glue_upgrade);
+    raises Uncacheable as make_artifact does."""
+    return dataclasses.replace(artifact, source=source, global_names=check_globals(globals_),
+                               constants=constant_tensors(attributes))

@@ -15,12 +15,14 @@ GLUE ('inductor' when the graph after the prologue is Inductor's generated modul
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
-from npu_graph.runtime import direct_calls, weight_arena
+from npu_graph.runtime import direct_calls, glue_upgrade, weight_arena
+from npu_graph.runtime.glue_upgrade import GlueUpgrade
 from npu_graph.runtime.profiling import ProfiledCalls
 from npu_graph.runtime.superkernel import bind_regions
 
@@ -57,25 +59,60 @@ class CompiledGraph:
     def __init__(self, name: str, source: str, globals_: dict[str, Any], attributes: dict[str, Any],
                  param_indices: tuple[int, ...] = ()):
         self.name = name
-        self.source = source
-        self.attributes = attributes
-        self.globals_ = globals_
         self.param_indices = param_indices
-        namespace = _executed(source, globals_, name, direct_calls.DIRECT)
-        self._profiled = ProfiledCalls(namespace, direct_calls.profiler_labels(namespace))
-        self._forward = namespace["forward"]
-        self._prologue = namespace.get("prologue")
-        self._self = _nested_namespace(attributes)
-        compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
-        traced = {} if compiler == "python" else _executed(source, globals_, name, direct_calls.AS_TRACED)
-        bind_regions(self._self, namespace, traced)
-        self.frozen_parameters = bool(namespace.get("FROZEN_PARAMETERS", False))
-        self.glue = namespace.get("GLUE", "python")      # what runs the graph (npu_graph.targets.cpu.lower)
+        self._load(source, globals_, attributes)
         self.glue_reason = ""
+        self.glue_upgrade: GlueUpgrade | None = None     # Inductor's glue compiling in the background
+        self.glue_calls_before = 0                        # calls its Python glue served until that landed
+        self.upgrade_listeners: list[Callable[[CompiledGraph], None]] = []
         self.prologue_runs = 0
         self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
         self._hoisted: tuple[Any, ...] = ()
         self._hoisted_for: tuple[list[int], list[int]] | None = None
+
+    def _load(self, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> None:
+        self.__dict__.update(self._prepared(source, globals_, attributes))
+
+    def _prepared(self, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:
+        """The attributes that running `source` gives this graph (its forward, prologue, regions, settings)."""
+        namespace = _executed(source, globals_, self.name, direct_calls.DIRECT)
+        holder = _nested_namespace(attributes)
+        compiler = namespace.get("SUPERKERNEL_COMPILER", "python")
+        traced = {} if compiler == "python" else _executed(source, globals_, self.name, direct_calls.AS_TRACED)
+        bind_regions(holder, namespace, traced)
+        return {"source": source, "globals_": globals_, "attributes": attributes, "_self": holder,
+                "_profiled": ProfiledCalls(namespace, direct_calls.profiler_labels(namespace)),
+                "_forward": namespace["forward"], "_prologue": namespace.get("prologue"),
+                "frozen_parameters": bool(namespace.get("FROZEN_PARAMETERS", False)),
+                "glue": namespace.get("GLUE", "python")}    # what runs the graph (npu_graph.targets.cpu.lower)
+
+    def attach_upgrade(self, upgrade: GlueUpgrade) -> None:
+        """Run the Python glue until `upgrade`, Inductor's glue compiled in the background, lands."""
+        upgrade.prepare = lambda built: self._prepared(*built)
+        self.glue_upgrade = upgrade
+
+    def _advance_upgrade(self, upgrade: GlueUpgrade) -> None:
+        """Start the background glue compile at the graph's second call (a graph called once never needs it);
+        switch to its result once it has finished (the worker's thread has run its source: the switch is an
+        assignment)."""
+        if not upgrade.started and upgrade.calls_before >= glue_upgrade.START_AFTER_CALLS:
+            upgrade.start()
+        if not upgrade.finished:
+            upgrade.calls_before += 1
+            return
+        self.glue_upgrade = None
+        self.glue_reason = upgrade.reason
+        self.glue_calls_before = upgrade.calls_before
+        if upgrade.ready is not None:
+            self.__dict__.update(upgrade.ready)
+        for listener in self.upgrade_listeners:
+            listener(self)
+
+    def finish_glue(self) -> None:
+        """Wait for a background glue compile (starting it if needed) and switch to its result."""
+        if self.glue_upgrade is not None:
+            self.glue_upgrade.wait()
+            self._advance_upgrade(self.glue_upgrade)
 
     def _hoisted_values(self, inputs: list[Any]) -> tuple[Any, ...]:
         """Prologue outputs, recomputed only when a parameter object or its version changes; with frozen
@@ -91,6 +128,8 @@ class CompiledGraph:
         return self._hoisted
 
     def __call__(self, args: list[Any]) -> Any:
+        if self.glue_upgrade is not None:
+            self._advance_upgrade(self.glue_upgrade)
         inputs = list(args)
         args.clear()
         self._profiled.sync()

@@ -103,7 +103,7 @@ def _decompositions() -> dict[object, object]:
             ops.rotary_mul.default: reference_rotary_mul}
 
 
-def _example_inputs(gm: torch.fx.GraphModule) -> list[object]:
+def traced_inputs(gm: torch.fx.GraphModule) -> list[object]:
     """The graph's inputs as traced: fake tensors and SymInts from its placeholders' meta."""
     values = []
     for node in gm.graph.find_nodes(op="placeholder"):
@@ -135,7 +135,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     # Inductor's FX graph cache below it still serves a graph compiled before.
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._inductor.config.patch({"cpp.threads": 1}):
-        compile_fx(gm, _example_inputs(gm), inner_compile=inner, decompositions=_decompositions())
+        compile_fx(gm, traced_inputs(gm), inner_compile=inner, decompositions=_decompositions())
     source = sources[-1] if len(sources) == 1 else None
     if not source:
         raise RuntimeError("Inductor returned no module source for the graph")

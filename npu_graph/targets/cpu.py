@@ -5,10 +5,12 @@ takes the call), each call bound by the source's own header (npu_graph.targets.c
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch.fx
 
 from npu_graph.pass_api import MetaKey
-from npu_graph.runtime import inductor_glue, streams, superkernel
+from npu_graph.runtime import glue_upgrade, inductor_glue, streams, superkernel
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.runtime.hoist import split_prologue
 from npu_graph.targets.cpu_bindings import bind_source
@@ -34,23 +36,15 @@ def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def _inductor_source(gm: torch.fx.GraphModule, glue: str) -> tuple[str | None, str]:
-    """Inductor's module source for the glue of gm (after hoisting) when `glue` asks for it ("inductor") or
-    "auto" finds it worth it, else None; and why (npu_graph.runtime.inductor_glue)."""
+def _glue_choice(gm: torch.fx.GraphModule, glue: str) -> tuple[str, str]:
+    """What runs the glue of gm (after hoisting): "python", "inductor" (compiled now) or "background" (the Python
+    form first, Inductor's compiled on a background thread: npu_graph.runtime.glue_upgrade); and why."""
     if glue == "python":
-        return None, "option cpu.glue='python'"
-    if glue == "auto":
-        worth, reason = inductor_glue.worth_compiling(gm)
-        if not worth:
-            return None, reason
-    else:
-        reason = "option cpu.glue='inductor'"
-    try:
-        return inductor_glue.compile_forward(_graph_copy(gm)), reason
-    except Exception as exc:        # "auto" keeps the Python form, which runs any graph; the reason is reported
-        if glue == "inductor":
-            raise
-        return None, f"Inductor could not take the graph ({type(exc).__name__}: {exc})"
+        return "python", "option cpu.glue='python'"
+    if glue == "inductor":
+        return "inductor", "option cpu.glue='inductor'"
+    worth, reason = inductor_glue.worth_compiling(gm)
+    return ("background" if worth else "python"), reason
 
 
 def _python_source(gm: torch.fx.GraphModule, rewrap: bool) -> tuple[str, dict, dict]:
@@ -66,6 +60,33 @@ def _python_source(gm: torch.fx.GraphModule, rewrap: bool) -> tuple[str, dict, d
     return source, {**region_globals, **code.globals}, attribute_plan(gm)
 
 
+@dataclass
+class _Prologue:
+    """The hoisted parameter work of a graph (its source, globals and attributes) and how it is wrapped around
+    the graph's glue; empty when nothing is hoisted."""
+    source: str = ""
+    globals_: dict = field(default_factory=dict)
+    attributes: dict = field(default_factory=dict)
+    frozen: bool = False
+
+    @classmethod
+    def of(cls, prologue: torch.fx.GraphModule | None, frozen_parameters: bool) -> _Prologue:
+        if prologue is None:
+            return cls()
+        pro = prologue.graph.python_code(root_module="self")
+        return cls(pro.src.replace("def forward(", "def prologue(", 1) + "\n", pro.globals,
+                   attribute_plan(prologue), frozen_parameters)
+
+    def around(self, glue: str, globals_: dict, attributes: dict, by_inductor: bool) -> glue_upgrade.Built:
+        """The graph's bound source with this prologue and its settings, its globals and attributes."""
+        source = self.source + glue
+        if self.frozen:
+            source = "FROZEN_PARAMETERS = True\n" + source
+        if by_inductor:
+            source = "GLUE = 'inductor'\n" + source
+        return bind_source(source), {**globals_, **self.globals_}, {**attributes, **self.attributes}
+
+
 def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = (),
           frozen_parameters: bool = False, glue: str = "python") -> CompiledGraph:
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
@@ -73,8 +94,9 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
     again with `frozen_parameters` (FROZEN_PARAMETERS in the source: torchair's frozen_parameter).
     `glue` ("python", "inductor" or "auto") says what runs the graph after hoisting: Python, one call per node,
     with SuperKernel regions as functions `superkernel_N`; or Inductor's generated module
-    (npu_graph.runtime.inductor_glue; GLUE = 'inductor' at the top of the source), regions not formed. The
-    CompiledGraph's `glue` says which, its `glue_reason` why.
+    (npu_graph.runtime.inductor_glue; GLUE = 'inductor' at the top of the source), regions not formed. "auto" gives
+    a graph worth it Inductor's glue through a background compile (npu_graph.runtime.glue_upgrade): the graph runs
+    its Python form until that lands. The CompiledGraph's `glue` says which runs, its `glue_reason` why.
     Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
     streams.drop_host_events(gm)
     prologue, used = None, []
@@ -83,21 +105,17 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
         superkernel.inline(gm)
     if param_indices:
         prologue, used = split_prologue(gm, list(param_indices))
-    source, reason = _inductor_source(gm, glue)
-    by_inductor = source is not None
-    if by_inductor:
-        globals_, attributes = {}, {}
+    pro = _Prologue.of(prologue, frozen_parameters)
+    choice, reason = _glue_choice(gm, glue)
+    if choice == "inductor":
+        compiled = CompiledGraph(name, *pro.around(inductor_glue.compile_forward(_graph_copy(gm)), {}, {}, True),
+                                 tuple(used))
     else:
+        copy = _graph_copy(gm) if choice == "background" else None    # before the Python form rewraps regions
         source, globals_, attributes = _python_source(gm, rewrap=opened)
-    if prologue is not None:
-        pro = prologue.graph.python_code(root_module="self")
-        source = pro.src.replace("def forward(", "def prologue(", 1) + "\n" + source
-        globals_.update(pro.globals)
-        attributes.update(attribute_plan(prologue))
-    if prologue is not None and frozen_parameters:
-        source = "FROZEN_PARAMETERS = True\n" + source
-    if by_inductor:
-        source = "GLUE = 'inductor'\n" + source
-    compiled = CompiledGraph(name, bind_source(source), globals_, attributes, tuple(used))
+        compiled = CompiledGraph(name, *pro.around(source, globals_, attributes, False), tuple(used))
+        if copy is not None:
+            compiled.attach_upgrade(glue_upgrade.GlueUpgrade(
+                copy, lambda inductor_source: pro.around(inductor_source, {}, {}, True), reason))
     compiled.glue_reason = reason
     return compiled

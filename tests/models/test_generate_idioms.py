@@ -5,6 +5,7 @@ import torch
 
 import npu_graph
 from npu_graph.backend import Backend, CompilationFallbackWarning
+from npu_graph.runtime import glue_upgrade
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,15 +137,24 @@ def test_compiled_forward_generates_eager_tokens(name, tiny_transformers, compil
 @pytest.mark.slow
 def test_inductor_glue_generates_eager_tokens(tiny_transformers, compiles, recwarn, monkeypatch):
     """Idiom 1 with the default glue choice ("auto"; the suite runs Python glue otherwise, tests/conftest.py): the
-    decode graphs run as Inductor's module with the fused ops called directly, tokens equal eager's. Slow: Inductor
-    compiles C++ for three graphs (~1 min on a 2-core machine with its caches cold); tests/targets/
-    test_inductor_glue.py covers the glue in the default run."""
+    graphs start on their Python glue while the glue worker compiles Inductor's (npu_graph.runtime.glue_upgrade);
+    once it has landed the decode graph runs as Inductor's module with the fused ops called directly, tokens equal
+    eager's before and after. Slow: Inductor compiles C++ for three graphs (~1 min on a 2-core machine with its
+    caches cold); tests/targets/test_glue_upgrade.py covers the switch in the default run."""
     monkeypatch.setenv("ASCEND_DSA_CPU_GLUE", "auto")
-    counts = check_idiom(tiny_transformers("deepseek_v32"), "forward", [prompt(12, 1), prompt(12, 2)], TOKENS,
-                         compiles, recwarn)
-    assert counts == [3, 0]
-    glue = [report.extra["runtime"]["glue"] for reports in compiles for report in reports]
-    assert glue[1:] == ["inductor", "inductor"], [(r.name, r.extra["runtime"]) for rs in compiles for r in rs]
+    model = tiny_transformers("deepseek_v32")
+    inputs = [prompt(12, seed) for seed in (1, 2, 3)]
+    expected = [greedy(model.generate, x, TOKENS) for x in inputs]
+    generate, _ = compile_for_generate(model, "forward")
+    for step, (x, want) in enumerate(zip(inputs, expected)):
+        if step == 2:
+            assert glue_upgrade.wait_all(timeout=900)
+        assert torch.equal(greedy(generate, x, TOKENS), want), step
+    assert_no_fallback(compiles, recwarn)
+    assert len(compiles) == 3
+    runtime = [report.extra["runtime"] for reports in compiles for report in reports]
+    assert runtime[-1]["glue"] == "inductor", runtime      # the symbolic decode graph, which every later step runs
+    assert all("compiled in the background" in r["glue_reason"] for r in runtime if r["glue"] == "inductor"), runtime
 
 
 def test_optimized_module_generate_runs_eagerly(tiny_transformers, compiles, recwarn):

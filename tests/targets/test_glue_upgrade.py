@@ -1,0 +1,103 @@
+"""cpu.glue="auto": a graph worth Inductor's glue runs its Python form first while the glue worker process compiles
+Inductor's (npu_graph.runtime.glue_upgrade / glue_worker); the graph switches at a later call, the report, the dump
+and the cache entry say what then runs, and a compile that adds shape guards or fails leaves the Python glue."""
+import json
+
+import pytest
+import torch
+
+import npu_graph
+from npu_graph.runtime import glue_upgrade, glue_worker, inductor_glue
+
+
+def _norm_chain(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm the passes fuse between small elementwise ops, scaled by a fused causal_lengths call."""
+    _, lengths, _ = torch.ops.ascend_dsa.causal_lengths(mask)
+    for _ in range(2):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        x = (torch.sigmoid(x) + x * 0.5).relu()
+    return x * lengths.float().sum()
+
+
+ARGS = (torch.randn(4, 4, 32), torch.randn(32), torch.ones(1, 4, 4, dtype=torch.bool).tril())
+
+
+@pytest.fixture
+def worth_it(monkeypatch):
+    """Every graph is worth Inductor's glue under "auto" (the small test graph would not be)."""
+    monkeypatch.setattr(inductor_glue, "MIN_GLUE_NODES", 1)
+
+
+def _backend(tmp_path, **options) -> npu_graph.Backend:
+    torch._dynamo.reset()
+    return npu_graph.Backend(npu_graph.CompilerConfig.from_options(
+        {"cpu_glue": "auto", "cache_dir": str(tmp_path / "cache"), "dump_dir": str(tmp_path / "dump"), **options}))
+
+
+def _run(backend: npu_graph.Backend) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.compile(_norm_chain, backend=backend)(*ARGS)
+
+
+def _runtime(tmp_path) -> dict:
+    (path,) = (tmp_path / "dump").glob("*/summary.json")
+    return json.loads(path.read_text())["runtime"]
+
+
+def test_python_glue_first_then_inductor_from_the_worker_and_the_cache(tmp_path, worth_it):
+    backend = _backend(tmp_path)
+    compiled = torch.compile(_norm_chain, backend=backend)
+    with torch.no_grad():
+        expected = _norm_chain(*ARGS)
+        torch.testing.assert_close(compiled(*ARGS), expected)
+        runtime = _runtime(tmp_path)
+        assert runtime["glue"] == "python" and "ATen calls" in runtime["glue_reason"], runtime
+        assert not list((tmp_path / "cache").rglob("meta.json")), "stored before the glue landed"
+        assert glue_upgrade.wait_all(timeout=600)
+        assert list((tmp_path / "cache").rglob("meta.json")), "not stored when the glue landed"
+        torch.testing.assert_close(compiled(*ARGS), expected, rtol=1e-5, atol=1e-5)
+    runtime = _runtime(tmp_path)
+    assert runtime["glue"] == "inductor", runtime
+    assert "compiled in the background" in runtime["glue_reason"] and runtime["glue_calls_before"] == 1, runtime
+    (source,) = (tmp_path / "dump").glob("*/compiled.py")
+    assert "GLUE = 'inductor'" in source.read_text() and "_ascend_dsa_direct_causal_lengths(" in source.read_text()
+    hit = _backend(tmp_path, dump_dir=None)
+    torch.testing.assert_close(_run(hit), expected, rtol=1e-5, atol=1e-5)
+    assert hit.reports[0].cache == "hit" and hit.reports[0].extra["runtime"]["glue"] == "inductor"
+    dumped = _backend(tmp_path, dump_dir=str(tmp_path / "hit_dump"))   # a hit's dump compiles again, glue included
+    torch.testing.assert_close(_run(dumped), expected, rtol=1e-5, atol=1e-5)
+    assert dumped.reports[0].cache == "hit" and dumped.reports[0].extra["dump_matches_entry"], dumped.reports[0].extra
+
+
+@pytest.mark.parametrize("reply, reason", [
+    ({"source": "", "guards": ["Eq(s0, 4)"]}, "added shape guards (Eq(s0, 4))"),
+    ({"error": "RuntimeError: no C++ compiler"}, "Inductor could not take the graph (RuntimeError: no C++"),
+])
+def test_a_compile_that_adds_guards_or_fails_keeps_the_python_glue(tmp_path, worth_it, monkeypatch, reply, reason):
+    monkeypatch.setattr(glue_worker.WORKER, "compile", lambda payload: reply)
+    backend = _backend(tmp_path)
+    compiled = torch.compile(_norm_chain, backend=backend)
+    with torch.no_grad():
+        compiled(*ARGS)
+        assert glue_upgrade.wait_all(timeout=60)
+        torch.testing.assert_close(compiled(*ARGS), _norm_chain(*ARGS))
+    runtime = _runtime(tmp_path)
+    assert runtime["glue"] == "python" and reason in runtime["glue_reason"], runtime
+    assert backend.reports[0].cache == "miss"
+
+
+def test_a_graph_that_cannot_be_pickled_keeps_the_python_glue(tmp_path, worth_it, monkeypatch):
+    def refuse(gm):
+        raise TypeError("cannot pickle 'generator' object")
+    monkeypatch.setattr(glue_worker, "pickled_graph", refuse)
+    backend = _backend(tmp_path)
+    compiled = torch.compile(_norm_chain, backend=backend)
+    with torch.no_grad():
+        compiled(*ARGS)
+        compiled(*ARGS)
+    assert "cannot be sent to the glue worker (TypeError" in _runtime(tmp_path)["glue_reason"]
+
+
+def test_the_worker_reports_a_graph_it_cannot_read():
+    reply = glue_worker.WORKER.compile(b"not a pickled graph")
+    assert "error" in reply and "UnpicklingError" in reply["error"], reply
