@@ -12,7 +12,7 @@ from npu_graph.tools.cli import _parser
 FIELDS = {"case", "backend", "prompt", "new_tokens", "busy", "prefill_ms", "decode_tok_s", "generate_ms",
           "first_generate_s", "graphs", "recompiles", "tokens_equal", "first_diff_token", "prefill_speedup_vs_eager",
           "prefill_speedup_vs_inductor", "decode_speedup_vs_eager", "decode_speedup_vs_inductor", "fallback_graphs",
-          "impl", "glue"}
+          "impl", "glue", "glue_wait_s"}
 TINY_LLAMA = bench_generate.Case("llama tiny", "llama", prompt_len=8, new_tokens=3)
 
 
@@ -54,7 +54,7 @@ def _check_rows(rows: list[dict], backends: tuple[str, ...]) -> None:
         compiled = row["backend"] != "eager"
         assert (row["graphs"] >= 1 and row["recompiles"] == 0) if compiled else row["graphs"] is None
     dsa = rows[backends.index("ascend_dsa")]
-    assert isinstance(dsa["impl"], str) and dsa["fallback_graphs"] == 0
+    assert isinstance(dsa["impl"], str) and dsa["fallback_graphs"] == 0 and dsa["glue_wait_s"] >= 0
     assert dsa["prefill_speedup_vs_eager"] == pytest.approx(rows[0]["prefill_ms"] / dsa["prefill_ms"])
 
 
