@@ -12,8 +12,9 @@ end and the graphs Dynamo compiled during it. In one generate() of N new tokens 
 Figures are medians over the timed rounds, which start once ascend_dsa's background glue compiles have landed
 (glue_wait_s). first_generate_s is the first (cold) generate() of a fresh model, compiles included; graphs is
 the number of graphs Dynamo handed the backend in it (graph breaks and recompiles, e.g. static then dynamic
-decode shapes), recompiles those compiled in every later call (expected 0). tokens_equal: every generate() of the backend gave eager's first-call tokens (first_diff_token: the index
-of the first new token that differed). `--busy` keeps one core busy in a separate process while measuring.
+decode shapes), recompiles those compiled in every later call (expected 0). tokens_equal: every generate() of
+the backend gave eager's first-call tokens (first_diff_token: the index of the first new token that differed).
+`--busy` keeps one core busy in a separate process while measuring.
 """
 from __future__ import annotations
 
