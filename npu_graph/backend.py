@@ -164,12 +164,11 @@ class Backend:
         runs from its next call on."""
         runtime = {**reports[0].extra.get("runtime", {}), "glue_reason": upgrade.reason}
         if (ready := upgrade.ready) is not None:
-            runtime["glue"] = ready["glue"]
             try:
-                artifact = with_code(artifact, ready["source"], ready["globals_"], ready["attributes"])
-            except Uncacheable as exc:
-                self._store(found, example_inputs, None, reports, str(exc))
-                return
+                artifact = with_code(artifact, ready["source"], ready["globals_"], ready["attributes"], upgrade.guards)
+                runtime["glue"] = ready["glue"]
+            except Uncacheable as exc:      # the entry keeps the Python glue, which needs no more guards
+                runtime["glue_reason"] += f"; the cache entry keeps the Python glue ({exc})"
         self._store(found, example_inputs, artifact, reports, "", runtime)
 
     @staticmethod

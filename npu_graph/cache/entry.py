@@ -113,19 +113,6 @@ def constant_tensors(attributes: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {name: value.detach().contiguous() for name, value in attributes.items()}
 
 
-def symbol_sources(example_inputs: list[Any]) -> dict[str, list[Any]]:
-    """Where each size symbol comes from: ["size", input, dim] or ["symint", input]."""
-    sources: dict[str, list[Any]] = {}
-    for i, value in enumerate(example_inputs):
-        if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
-            sources.setdefault(str(value.node.expr), ["symint", i])
-        elif isinstance(value, torch.Tensor):
-            for d, size in enumerate(value.shape):
-                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                    sources.setdefault(str(size.node.expr), ["size", i, d])
-    return sources
-
-
 def _current_symbols(symbols: dict[str, list[Any]], example_inputs: list[Any]) -> dict[str, Any]:
     current = {}
     for name, where in symbols.items():

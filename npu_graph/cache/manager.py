@@ -22,11 +22,11 @@ from npu_graph.cache.entry import (
     check_runtime_metadata,
     constant_tensors,
     guards_hold,
-    symbol_sources,
 )
 from npu_graph.cache.key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
 from npu_graph.config import CompilerConfig
 from npu_graph.runtime.compiled_graph import CompiledGraph
+from npu_graph.runtime.size_guards import symbol_sources
 
 
 def needs_autograd(example_inputs: list[Any]) -> bool:
@@ -168,8 +168,12 @@ def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled:
 
 
 
-def with_code(artifact: Artifact, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> Artifact:
-    """`artifact` holding other code for the same graph (its background glue compile landed: runtime.glue_upgrade);
-    raises Uncacheable as make_artifact does."""
+def with_code(artifact: Artifact, source: str, globals_: dict[str, Any], attributes: dict[str, Any],
+              guards: list[str]) -> Artifact:
+    """`artifact` holding other code for the same graph, which needs `guards` too (its background glue compile
+    landed: runtime.glue_upgrade); raises Uncacheable as make_artifact does."""
+    unknown = {s.name for text in guards for s in sympy.sympify(text).free_symbols} - set(artifact.symbols)
+    if unknown:
+        raise Uncacheable(f"guard uses sizes the cache cannot locate: {sorted(unknown)}")
     return dataclasses.replace(artifact, source=source, global_names=check_globals(globals_),
-                               constants=constant_tensors(attributes))
+                               constants=constant_tensors(attributes), guards=[*artifact.guards, *guards])

@@ -64,6 +64,8 @@ class CompiledGraph:
         self.glue_reason = ""
         self.glue_upgrade: GlueUpgrade | None = None     # Inductor's glue compiling in the background
         self.glue_calls_before = 0                        # calls its Python glue served until that landed
+        self._glue_guard: Callable[[list[Any]], bool] | None = None    # where that glue may run (size_guards)
+        self._outside_guard: tuple[Callable[..., Any], Any] = (self._forward, self._self)
         self.upgrade_listeners: list[Callable[[CompiledGraph], None]] = []
         self.prologue_runs = 0
         self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
@@ -104,6 +106,8 @@ class CompiledGraph:
         self.glue_reason = upgrade.reason
         self.glue_calls_before = upgrade.calls_before
         if upgrade.ready is not None:
+            if upgrade.guard is not None:     # Inductor's glue where its shape guards hold, this one elsewhere
+                self._glue_guard, self._outside_guard = upgrade.guard, (self._forward, self._self)
             self.__dict__.update(upgrade.ready)
         for listener in self.upgrade_listeners:
             listener(self)
@@ -134,6 +138,9 @@ class CompiledGraph:
         args.clear()
         self._profiled.sync()
         with shapes_checked_at_trace(), env_settings.frozen():
-            if self._prologue is None:
-                return self._forward(self._self, *inputs)
-            return self._forward(self._self, *inputs, *self._hoisted_values(inputs))
+            if self._prologue is not None:
+                inputs += self._hoisted_values(inputs)
+            if self._glue_guard is not None and not self._glue_guard(inputs):
+                forward, holder = self._outside_guard
+                return forward(holder, *inputs)
+            return self._forward(self._self, *inputs)

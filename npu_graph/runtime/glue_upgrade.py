@@ -10,10 +10,12 @@ source, and a later call switches the graph to Inductor's glue (CompiledGraph.__
 compile mode (TORCHINDUCTOR_FX_COMPILE_MODE=async+subprocess) runs eager code until its out-of-process compile
 lands. `wait_all` starts what has not started and waits for everything (benchmarks, before steady-state timing).
 
-Dynamo installed the frame's guards before the compile, so a compile that adds a shape guard is not used: the
-Python glue, valid for every input the guards admit, keeps running, and the reason says so. A graph that cannot be
-pickled or compiled keeps the Python glue too. The worker is killed when the process exits: a compile that has not
-landed by then is dropped (nothing half-built is stored).
+Dynamo installed the frame's guards before the compile, so shape guards the compile adds (Kimi Linear's decode
+graph: `s6 + 1 <= 4096`) are checked by the graph itself (npu_graph.runtime.size_guards): Inductor's glue runs
+where they hold, the Python glue, valid for every input Dynamo admits, elsewhere; a guard the graph cannot check
+keeps the Python glue, and the reason says so. A graph that cannot be pickled or compiled keeps it too. The
+worker is killed when the process exits: a compile that has not landed by then is dropped (nothing half-built is
+stored).
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch.fx
 
-from npu_graph.runtime import glue_worker
+from npu_graph.runtime import glue_worker, inductor_glue, size_guards
 
 # (source, globals, attributes) of the graph with Inductor's glue, as the CPU lowering assembles it
 Built = tuple[str, dict[str, Any], dict[str, Any]]
@@ -91,6 +94,9 @@ class GlueUpgrade:
         self.calls_before = 0                # calls the Python glue served so far (and before the switch)
         self.prepare: Callable[[Built], Any] = lambda built: built    # the graph's (CompiledGraph.attach_upgrade)
         self.started = False
+        self.guards: list[str] = []          # shape guards Inductor's code needs beyond Dynamo's (size_guards)
+        self.guard: Callable[[list[Any]], bool] | None = None
+        self._sources: dict[str, list[Any]] = {}
         self.on_landed: list[Callable[[GlueUpgrade], None]] = []     # run on the worker's thread (the cache's store)
         _PENDING.add(self)
         self._done = threading.Event()
@@ -103,6 +109,7 @@ class GlueUpgrade:
         """Pickle the graph here (the pickler patches pytree process-wide, so not beside a Dynamo trace on another
         thread) and queue it for the worker."""
         gm, self._gm, self.started = self._gm, None, True
+        self._sources = size_guards.symbol_sources(inductor_glue.traced_inputs(gm))
         try:
             payload = glue_worker.pickled_graph(gm)
         except Exception as exc:
@@ -127,11 +134,16 @@ class GlueUpgrade:
         reply = glue_worker.WORKER.compile(payload)
         if "error" in reply:
             return None, f"Inductor could not take the graph ({reply['error']})"
+        note = "compiled in the background while the Python glue ran the first calls"
         if reply["guards"]:
-            return None, (f"Inductor's compile added shape guards ({', '.join(reply['guards'])}) that Dynamo no "
-                          f"longer checks: the Python glue stays")
-        return (self.prepare(self._assemble(reply["source"])),
-                "compiled in the background while the Python glue ran the first calls")
+            try:
+                self.guard = size_guards.guard_check(reply["guards"], self._sources)
+            except (ValueError, TypeError, sympy.SympifyError) as exc:
+                return None, (f"Inductor's compile added shape guards ({', '.join(reply['guards'])}) that Dynamo no "
+                              f"longer checks and this graph cannot check ({exc}): the Python glue stays")
+            self.guards = list(reply["guards"])
+            note += f"; it runs where its shape guards ({', '.join(self.guards)}) hold, the Python glue elsewhere"
+        return self.prepare(self._assemble(reply["source"])), note
 
     def _finish(self, ready: Any, note: str) -> None:
         self.ready = ready

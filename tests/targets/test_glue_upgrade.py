@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import npu_graph
-from npu_graph.runtime import glue_upgrade, glue_worker, inductor_glue
+from npu_graph.runtime import glue_upgrade, glue_worker, inductor_glue, size_guards
 
 
 def _norm_chain(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -70,7 +70,8 @@ def test_python_glue_first_then_inductor_from_the_worker_and_the_cache(tmp_path,
 
 
 @pytest.mark.parametrize("reply, reason", [
-    ({"source": "", "guards": ["Eq(s0, 4)"]}, "added shape guards (Eq(s0, 4))"),
+    ({"source": "", "guards": ["Eq(s0, 4)"]}, "added shape guards (Eq(s0, 4)) that Dynamo no longer checks and this "
+                                              "graph cannot check (the guards read sizes no input carries: ['s0'])"),
     ({"error": "RuntimeError: no C++ compiler"}, "Inductor could not take the graph (RuntimeError: no C++"),
 ])
 def test_a_compile_that_adds_guards_or_fails_keeps_the_python_glue(tmp_path, worth_it, monkeypatch, reply, reason):
@@ -101,3 +102,54 @@ def test_a_graph_that_cannot_be_pickled_keeps_the_python_glue(tmp_path, worth_it
 def test_the_worker_reports_a_graph_it_cannot_read():
     reply = glue_worker.WORKER.compile(b"not a pickled graph")
     assert "error" in reply and "UnpicklingError" in reply["error"], reply
+
+
+def test_guards_the_compile_adds_are_checked_by_the_graph_and_kept_by_the_cache(tmp_path, worth_it, monkeypatch):
+    """Inductor's compile of a symbolic graph may add a shape guard after Dynamo installed its own (Kimi Linear's
+    decode graph: s6 + 1 <= 4096): Inductor's glue runs where it holds, the Python glue elsewhere, and the cache
+    entry carries it as a guard of its own. Here the worker's reply gets one more: rows <= 5."""
+    rows = []                                 # the symbol of x's first dimension, as the graph's inputs carry it
+    sources_of = size_guards.symbol_sources
+
+    def sources_noting_rows(values):
+        rows.extend(str(v.shape[0].node.expr) for v in values
+                    if isinstance(v, torch.Tensor) and v.dim() == 3 and isinstance(v.shape[0], torch.SymInt))
+        return sources_of(values)
+
+    real = glue_worker.WORKER.compile
+    monkeypatch.setattr(size_guards, "symbol_sources", sources_noting_rows)
+    monkeypatch.setattr(glue_worker.WORKER, "compile",
+                        lambda payload: (lambda reply: {**reply, "guards": [*reply["guards"], f"{rows[0]} <= 5"]})(
+                            real(payload)))
+    checked, check = [], size_guards.guard_check
+
+    def noted_check(guards, sources):
+        holds = check(guards, sources)
+        return lambda inputs: checked.append(holds(inputs)) or checked[-1]
+
+    monkeypatch.setattr(size_guards, "guard_check", noted_check)
+    backend = _backend(tmp_path)
+    compiled = torch.compile(_norm_chain, backend=backend, dynamic=True)
+    small, large = (torch.randn(5, 4, 32), *ARGS[1:]), (torch.randn(6, 4, 32), *ARGS[1:])
+    with torch.no_grad():
+        compiled(*small)
+        assert glue_upgrade.wait_all(timeout=600)
+        for args in (small, large):
+            torch.testing.assert_close(compiled(*args), _norm_chain(*args), rtol=1e-5, atol=1e-5)
+    runtime = backend.reports[0].extra["runtime"]
+    assert checked == [True, False] and len(backend.reports) == 1, (checked, runtime)
+    assert "runs where its shape guards (" in runtime["glue_reason"] and f"{rows[0]} <= 5)" in runtime["glue_reason"]
+    hit = _backend(tmp_path, dump_dir=None)
+    with torch.no_grad():
+        torch.compile(_norm_chain, backend=hit, dynamic=True)(*small)
+    assert hit.reports[0].cache == "hit" and hit.reports[0].extra["runtime"]["glue"] == "inductor"
+
+
+def test_guard_check_reads_symints_and_sizes():
+    sources = {"s0": ["size", 0, 1], "s1": ["symint", 1]}
+    check = size_guards.guard_check(["s0 + 1 <= 8", "Eq(Mod(s1, 2), 0)"], sources)
+    assert check([torch.empty(2, 7), 4]) and not check([torch.empty(2, 8), 4]) and not check([torch.empty(2, 3), 5])
+    with pytest.raises(ValueError, match="no input carries"):
+        size_guards.guard_check(["s2 < 4"], sources)
+    with pytest.raises(ValueError, match="cannot evaluate"):
+        size_guards.guard_check(["Eq(FloorDiv(s0, 2), 1)"], sources)
