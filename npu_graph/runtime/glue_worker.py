@@ -57,8 +57,10 @@ class GlueWorker:
 
     def _started(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
+            # the parent's import path: npu_graph (and what a script put on sys.path) imports as it does here
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             self._process = subprocess.Popen([sys.executable, "-m", "npu_graph.runtime.glue_worker"],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
             atexit.register(self._stop, self._process)
         return self._process
 
