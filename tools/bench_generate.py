@@ -254,7 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with progress.step(f"{case.label}: generate() in {', '.join(BACKENDS)}", "bench generate"):
                 rows += measure_generate(case, BACKENDS, repeat, busy)
     torch._dynamo.reset()
-    return {"suite": "generate", "busy": busy, "rows": rows,
+    extra = {"cold": cold_rows(cases(args.quick))} if getattr(args, "cold", False) else {}
+    return {"suite": "generate", "busy": busy, "rows": rows, **extra,
             "notes": ["prefill_ms: the first forward of generate(); decode_tok_s: (new_tokens - 1) / (generate() end "
                       "- prefill end); medians of rounds alternating backends; speedups > 1: this backend faster",
                       "first_generate_s: cold generate() of a fresh model, compiles included (Inductor's on-disk "
@@ -264,6 +265,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "waited for ascend_dsa's background glue compiles (npu_graph.runtime.glue_upgrade) before the "
                       "timed rounds; the graphs ran their Python glue until then",
                       *_ratio_notes(rows)]}
+
+
+def cold_rows(to_measure: list[Case]) -> list[dict[str, Any]]:
+    """--cold: first generate() with empty compile caches and again warm, each in processes of its own
+    (npu_graph.tools.bench_generate_cold)."""
+    from npu_graph.tools.bench_generate_cold import measure_cold
+
+    rows = []
+    for case in to_measure:
+        with progress.step(f"{case.label}: cold and warm first generate() in fresh processes", "bench generate"):
+            rows += measure_cold(case)
+    return rows
 
 
 # (row key, header, width, format): "<" left-aligned text, "x" a speedup, else a format spec or str().
@@ -288,6 +301,12 @@ def print_text(result: dict[str, Any], out: TextIO | None = None) -> None:
     print(" ".join(_pad(header, width, fmt) for _, header, width, fmt in COLUMNS), file=out)
     for row in result["rows"]:
         print(" ".join(_pad(_cell(row.get(key), fmt), width, fmt) for key, _, width, fmt in COLUMNS), file=out)
+    for row in result.get("cold", []):
+        print(f"{row['case']} {row['backend']}: first generate() {row['cold_first_generate_s']:.1f} s with empty "
+              f"caches ({_cell(row['cold_vs_inductor_cold'], 'x')} Inductor's), {row['warm_first_generate_s']:.1f} s "
+              f"warm ({_cell(row['warm_vs_own_cold'], 'x')} its cold)"
+              + (f", glue landed {row['glue_ready_s']:.1f} s after it" if row.get("glue_ready_s") is not None else ""),
+              file=out)
     for note in result.get("notes", []):
         print(f"- {note}", file=out)
 

@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     bench.add_argument("--busy", action="store_true",
                        help="generate only: keep one core busy in a separate process while measuring")
+    bench.add_argument("--cold", action="store_true",
+                       help="generate only: also each compiled backend's first generate() in a fresh process with "
+                            "empty compile caches, then warm (the caches it left)")
     bench.add_argument("--isa", default=None, metavar="LEVEL",
                        help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
                             "avx512_bf16, amx_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")

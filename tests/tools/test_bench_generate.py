@@ -74,3 +74,22 @@ def test_generate_rows_with_inductor() -> None:
     rows = bench_generate.measure_generate(TINY_LLAMA, bench_generate.BACKENDS, repeat=1)
     _check_rows(rows, bench_generate.BACKENDS)
     assert rows[2]["decode_speedup_vs_inductor"] == pytest.approx(rows[2]["decode_tok_s"] / rows[1]["decode_tok_s"])
+
+
+def test_cold_runs_in_fresh_processes_and_reports_their_failure() -> None:
+    args = _parser().parse_args(["bench", "generate", "--quick", "--cold"])
+    assert args.cold
+    from npu_graph.tools import bench_generate_cold
+    with pytest.raises(RuntimeError, match="the cold generate\\(\\) of llama tiny with no_such_backend failed"):
+        bench_generate_cold.measure_cold(TINY_LLAMA, ("no_such_backend",))
+
+
+@pytest.mark.slow
+def test_cold_and_warm_first_generate_of_ascend_dsa() -> None:
+    from npu_graph.tools import bench_generate_cold
+    (row,) = bench_generate_cold.measure_cold(TINY_LLAMA, ("ascend_dsa",))
+    assert row["cold_first_generate_s"] > 0 and row["warm_first_generate_s"] > 0 and row["glue_ready_s"] >= 0
+    assert row["cold_vs_inductor_cold"] is None and row["warm_vs_own_cold"] > 0
+    out = io.StringIO()
+    bench_generate.print_text({"rows": [], "cold": [row]}, out)
+    assert "first generate()" in out.getvalue() and "warm" in out.getvalue()
