@@ -11,6 +11,8 @@ The prologue runs again whenever a parameter object or its version counter chang
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
 Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel), FROZEN_PARAMETERS and
 GLUE ('inductor' when the graph after the prologue is Inductor's generated module, npu_graph.runtime.inductor_glue).
+A graph handed back with a GlueUpgrade (npu_graph.runtime.glue_upgrade) runs its Python source until Inductor's,
+compiled in the background, has landed, then that one — where its extra shape guards hold, if it has any.
 """
 from __future__ import annotations
 
