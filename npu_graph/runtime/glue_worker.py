@@ -110,7 +110,8 @@ def _compile_in_child(payload: bytes) -> dict[str, Any]:
 
 
 def main() -> None:
-    os.nice(NICENESS)
+    if hasattr(os, "nice"):      # POSIX; elsewhere the worker runs at the parent's priority
+        os.nice(NICENESS)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     import npu_graph  # noqa: F401  (registers the fused ops the graphs call)
