@@ -47,7 +47,7 @@ class _Queue:
     def put(self, upgrade: GlueUpgrade, payload: bytes) -> None:
         with self._ready:
             self._waiting.append((upgrade, payload))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():    # none yet, or this is a forked process
                 self._thread = threading.Thread(target=self._serve, name="ascend-dsa-glue", daemon=True)
                 self._thread.start()
             self._ready.notify()

@@ -54,19 +54,24 @@ class GlueWorker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
+        self._pid = os.getpid()
 
     def _started(self) -> subprocess.Popen:
-        if self._process is None or self._process.poll() is not None:
+        if self._process is None or self._process.poll() is not None or self._pid != os.getpid():
+            self._pid = os.getpid()        # a forked process starts a worker of its own: the pipes are its parent's
             # the parent's import path: npu_graph (and what a script put on sys.path) imports as it does here
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             self._process = subprocess.Popen([sys.executable, "-m", "npu_graph.runtime.glue_worker"],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-            atexit.register(self._stop, self._process)
+            atexit.register(self._stop, self._process, self._pid)
         return self._process
 
     @staticmethod
-    def _stop(process: subprocess.Popen) -> None:
-        """Kill the child (a compile that has not landed is dropped) and close its pipes."""
+    def _stop(process: subprocess.Popen, owner: int) -> None:
+        """Kill the child (a compile that has not landed is dropped) and close its pipes; in the process that
+        started it only (a forked copy exiting leaves its parent's worker alone)."""
+        if os.getpid() != owner:
+            return
         process.kill()
         process.wait()
         process.stdin.close()

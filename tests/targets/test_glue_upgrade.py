@@ -2,6 +2,7 @@
 Inductor's (npu_graph.runtime.glue_upgrade / glue_worker); the graph switches at a later call, the report, the dump
 and the cache entry say what then runs, and a compile that adds shape guards or fails leaves the Python glue."""
 import json
+import os
 
 import pytest
 import torch
@@ -153,3 +154,23 @@ def test_guard_check_reads_symints_and_sizes():
         size_guards.guard_check(["s2 < 4"], sources)
     with pytest.raises(ValueError, match="cannot evaluate"):
         size_guards.guard_check(["Eq(FloorDiv(s0, 2), 1)"], sources)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_gets_a_worker_of_its_own():
+    """A fork (a data loader's worker, say) must not write to its parent's pipes, nor kill its parent's worker."""
+    assert "error" in glue_worker.WORKER.compile(b"x")          # the parent's worker is running
+    parents, parent_pid = glue_worker.WORKER._process, os.getpid()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            reply = glue_worker.WORKER.compile(b"y")
+            glue_worker.GlueWorker._stop(parents, parent_pid)    # what the fork's exit runs: not its worker
+            code = 0 if "error" in reply and glue_worker.WORKER._process is not parents else 1
+            glue_worker.GlueWorker._stop(glue_worker.WORKER._process, os.getpid())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parents.poll() is None and "error" in glue_worker.WORKER.compile(b"z")
