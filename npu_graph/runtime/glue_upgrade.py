@@ -99,6 +99,7 @@ class GlueUpgrade:
         self._sources: dict[str, list[Any]] = {}
         self.on_landed: list[Callable[[GlueUpgrade], None]] = []     # run on the worker's thread (the cache's store)
         _PENDING.add(self)
+        glue_worker.WORKER.warm()            # its start overlaps the rest of the first call
         self._done = threading.Event()
 
     @property

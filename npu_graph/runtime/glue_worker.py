@@ -77,6 +77,12 @@ class GlueWorker:
         process.stdin.close()
         process.stdout.close()
 
+    def warm(self) -> None:
+        """Start the child now (it imports torch, npu_graph and Inductor: seconds) so it is ready by the first
+        request."""
+        with self._lock:
+            self._started()
+
     def compile(self, payload: bytes) -> dict[str, Any]:
         """{"source": ..., "guards": [...]} or {"error": ...}."""
         with self._lock:
@@ -119,6 +125,8 @@ def main() -> None:
         os.nice(NICENESS)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    import torch._inductor.compile_fx  # noqa: F401  (imported while the parent has nothing to send yet)
+
     import npu_graph  # noqa: F401  (registers the fused ops the graphs call)
 
     requests = sys.stdin.buffer
