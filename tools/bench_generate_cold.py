@@ -43,8 +43,7 @@ def _first_generate(case: Case, backend: str) -> dict[str, float]:
 
 def _in_child(case: Case, backend: str, folder: str) -> dict[str, float]:
     env = {**os.environ, "XDG_CACHE_HOME": os.path.join(folder, "xdg"),
-           "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+           "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
     env.pop("ASCEND_DSA_CACHE_DIR", None)
     env.pop("ASCEND_DSA_NATIVE_DIR", None)
     spec = json.dumps({"case": case.__dict__, "backend": backend})

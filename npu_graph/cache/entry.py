@@ -24,6 +24,7 @@ from npu_graph.cache.folder import CorruptEntry
 from npu_graph.cache.key import Uncacheable
 from npu_graph.runtime import streams
 from npu_graph.runtime.compiled_graph import CompiledGraph
+from npu_graph.runtime.size_guards import size_at
 
 SAFE_GLOBALS: dict[str, Any] = {
     "torch": torch, "inf": math.inf, "nan": math.nan, "math": math, "operator": operator,
@@ -116,7 +117,7 @@ def constant_tensors(attributes: dict[str, Any]) -> dict[str, torch.Tensor]:
 def _current_symbols(symbols: dict[str, list[Any]], example_inputs: list[Any]) -> dict[str, Any]:
     current = {}
     for name, where in symbols.items():
-        value = example_inputs[where[1]] if where[0] == "symint" else example_inputs[where[1]].shape[where[2]]
+        value = size_at(where, example_inputs)
         current[name] = value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(value)
     return current
 

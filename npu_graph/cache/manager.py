@@ -157,23 +157,25 @@ def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled:
     shape_env = _shape_env(example_inputs)
     guards = [str(g.expr) for g in shape_env.guards[guard_start:]] if shape_env else []
     symbols = symbol_sources(symbolic_inputs(gm, example_inputs))
-    for text in guards:
-        unknown = {s.name for s in sympy.sympify(text).free_symbols} - set(symbols)
-        if unknown:
-            raise Uncacheable(f"guard {text} uses sizes the cache cannot locate: {sorted(unknown)}")
+    _check_located(guards, symbols)
     fqns = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
     fqns += [n for n, _ in gm.named_buffers(remove_duplicate=False)]
     return Artifact(compiled.source, check_globals(compiled.globals_), constant_tensors(compiled.attributes),
                     fqns, guards, symbols, prologue_params=list(compiled.param_indices))
 
 
+def _check_located(guards: list[str], symbols: dict[str, list[Any]]) -> None:
+    """Raise Uncacheable when a guard reads a size that none of the graph's inputs carries (`symbols`)."""
+    for text in guards:
+        unknown = {s.name for s in sympy.sympify(text).free_symbols} - set(symbols)
+        if unknown:
+            raise Uncacheable(f"guard {text} uses sizes the cache cannot locate: {sorted(unknown)}")
+
 
 def with_code(artifact: Artifact, source: str, globals_: dict[str, Any], attributes: dict[str, Any],
               guards: list[str]) -> Artifact:
     """`artifact` holding other code for the same graph, which needs `guards` too (its background glue compile
     landed: runtime.glue_upgrade); raises Uncacheable as make_artifact does."""
-    unknown = {s.name for text in guards for s in sympy.sympify(text).free_symbols} - set(artifact.symbols)
-    if unknown:
-        raise Uncacheable(f"guard uses sizes the cache cannot locate: {sorted(unknown)}")
+    _check_located(guards, artifact.symbols)
     return dataclasses.replace(artifact, source=source, global_names=check_globals(globals_),
                                constants=constant_tensors(attributes), guards=[*artifact.guards, *guards])

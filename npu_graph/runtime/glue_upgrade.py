@@ -98,9 +98,9 @@ class GlueUpgrade:
         self.guard: Callable[[list[Any]], bool] | None = None
         self._sources: dict[str, list[Any]] = {}
         self.on_landed: list[Callable[[GlueUpgrade], None]] = []     # run on the worker's thread (the cache's store)
-        _PENDING.add(self)
-        glue_worker.WORKER.warm()            # its start overlaps the rest of the first call
         self._done = threading.Event()
+        _PENDING.add(self)                   # complete before wait_all can see it
+        glue_worker.WORKER.warm()            # its start overlaps the rest of the first call
 
     @property
     def finished(self) -> bool:

@@ -28,10 +28,9 @@ def symbol_sources(values: list[Any]) -> dict[str, list[Any]]:
     return sources
 
 
-def _reader(where: list[Any]) -> Callable[[list[Any]], int]:
-    if where[0] == "symint":
-        return lambda inputs: int(inputs[where[1]])
-    return lambda inputs: inputs[where[1]].shape[where[2]]
+def size_at(where: list[Any], inputs: list[Any]) -> Any:
+    """The size a symbol's source (`symbol_sources`) reads from these inputs: an int, or a SymInt while tracing."""
+    return inputs[where[1]] if where[0] == "symint" else inputs[where[1]].shape[where[2]]
 
 
 def guard_check(guards: list[str], sources: dict[str, list[Any]]) -> Callable[[list[Any]], bool]:
@@ -47,5 +46,5 @@ def guard_check(guards: list[str], sources: dict[str, list[Any]]) -> Callable[[l
         raise ValueError(f"the guards use functions plain Python cannot evaluate: {undefined}")
     symbols = [sympy.Symbol(n) for n in names]
     check = sympy.lambdify(symbols, sympy.And(*exprs), modules="math")
-    readers = [_reader(sources[n]) for n in names]
-    return lambda inputs: bool(check(*(read(inputs) for read in readers)))
+    places = [sources[n] for n in names]
+    return lambda inputs: bool(check(*(size_at(where, inputs) for where in places)))
