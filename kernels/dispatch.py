@@ -3,14 +3,19 @@ path, decided from measurements on this CPU, per instruction-set level and shape
 
 A native kernel is taken only where it is faster than the path it replaces. The first call of an op in a shape
 class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
-inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget), keeps the faster
+inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget: a call of a few
+microseconds gets ~100 rounds in ENOUGH_S, so its minimum survives bursts of other work), keeps the faster
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
 folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
 the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
 caches its choices). Every later call of the class is a dictionary lookup. A first measurement whose two
 paths lie within CLOSE of each other is only provisional: it serves the class for REMEASURE_S, then the class is
 measured once more and that choice is kept (first use is often during a compile, whose worker processes share
-the cores). Both paths must be free of side effects other than their results.
+the cores). Both paths must be free of side effects other than their results. A measurement runs outside any
+Python dispatch or function mode (`_outside_modes`): AOT autograd runs a graph's first call under a mode that
+sends every ATen call through Python (checking custom ops' aliasing), and timed there a decode-sized product's
+paths both read 35-100 us instead of 2-5, with the torch path (more ATen calls) slowed most — the choice timed
+the mode, and was kept. A user's mode (a flop counter) does not count the measurement's rounds either.
 
 ASCEND_DSA_NATIVE selects the mode, read at every call: `auto` (the default) measures; `1` takes the native
 kernel wherever it applies (tests and the kernel benchmarks use it to exercise the native code); `0` never
@@ -18,6 +23,7 @@ loads a native kernel (kernels/native.py).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -25,20 +31,24 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 from torch.autograd import profiler as autograd_profiler
+from torch.utils import _python_dispatch
 
 from npu_graph.cache import trust
 from npu_graph.kernels import call_plans, cpu_isa, env_settings, native
 
 T = TypeVar("T")
-ROUNDS = 10         # at most this many timed rounds of each path (after one warm-up round) ...
+ROUNDS = 100        # at most this many timed rounds of each path (after one warm-up round) ...
 MIN_ROUNDS = 3      # ... and at least this many, unless one round takes more than BUDGET_S
-ENOUGH_S = 0.02     # no further rounds past MIN_ROUNDS once a measurement has taken this long (cheap ops get more)
+ENOUGH_S = 0.02     # no further rounds past MIN_ROUNDS once a measurement has taken this long (cheap ops get more:
+                    # a decode-sized product's 10 rounds of ~5 us fell inside one burst of a compile's workers on
+                    # the same cores, and both paths read 40-80 us; the slower one was kept on disk)
 BUDGET_S = 0.5      # no further rounds once a measurement has taken this long
 CLOSE = 1.5         # a first measurement whose paths lie within this factor is provisional ...
 REMEASURE_S = 5.0   # ... for this long; the next call after it measures again (`_measured`)
@@ -201,13 +211,21 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     return chosen()
 
 
+@contextlib.contextmanager
+def _outside_modes() -> Iterator[None]:
+    """Inside, no Python dispatch mode or torch function mode is active (module docstring)."""
+    with _python_dispatch._disable_current_modes(), torch._C.DisableTorchFunction():
+        yield
+
+
 def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable[[], T], torch_fn: Callable[[], T],
               prepare: Callable[[], object] | None) -> T:
     """The result of measuring both paths for the class. A first measurement whose paths lie within CLOSE of each
     other is provisional: its choice serves the class for REMEASURE_S without being kept, then the class is
     measured once more and that choice is kept (a compile's worker processes starting up on the same cores have
     slowed both paths ~10x at first use, and a choice kept on disk outlives the process)."""
-    result, choice = _measure(native_fn, torch_fn, prepare)
+    with _outside_modes():
+        result, choice = _measure(native_fn, torch_fn, prepare)
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     if (op, level, cls) not in _provisional and slow < CLOSE * fast:
         _provisional[(op, level, cls)] = (choice.impl, time.monotonic() + REMEASURE_S)

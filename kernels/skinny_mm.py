@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import profiler as autograd_profiler
 
 from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.runtime.serial_calls import serial_when_small
@@ -115,14 +116,17 @@ def _native_plan(kernel: Callable[..., int], x: Tensor, w: Tensor, w_inner: int)
     return plan
 
 
-def _planned(plans: call_plans.Plans, signature: tuple, result: Tensor, cls: tuple,
-             native_plan: Callable[[], Callable[[Tensor, Tensor], Tensor]],
-             torch_plan: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """result, after storing the plan of dispatch's choice for the class (once it has one)."""
+def _planned(plans: call_plans.Plans, signature: tuple, cls: tuple, native_plan: Callable[..., Tensor],
+             torch_plan: Callable[..., Tensor]) -> Callable[..., Tensor] | None:
+    """The plan of dispatch's choice for the class, stored for the signature; None until dispatch has a choice.
+    (dispatch times `native_plan` itself, built before the measurement: a decode-sized product's plan costs ~1 us
+    to build, a third of the call it plans, and timing it tipped the choice to torch.)"""
     impl = dispatch.known(plans.op, cls)
-    if impl is not None:
-        plans.put(signature, native_plan() if impl == "native" else torch_plan)
-    return result
+    if impl is None:
+        return None
+    plan = native_plan if impl == "native" else torch_plan
+    plans.put(signature, plan)
+    return plan
 
 
 _MM_PLANS = call_plans.Plans("skinny_mm")
@@ -141,9 +145,11 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
         return _aten_mm(x, w)
     streamed = _streamed(w)
     cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1], "streamed" if streamed else "")
-    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 0)(x, w),
-                          lambda: _aten_mm(x, w), _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
-    return _planned(_MM_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 0), _torch_mm)
+    plan = _native_plan(kernel, x, w, 0)
+    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: plan(x, w), lambda: _aten_mm(x, w),
+                          _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
+    _planned(_MM_PLANS, signature, cls, plan, _torch_mm)
+    return result
 
 
 _MM_OUT_PLANS = call_plans.Plans("skinny_mm")      # the op dispatch measures: its class choices are mm's
@@ -172,23 +178,54 @@ def _native_out_plan(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Callab
     return plan
 
 
-def _native_mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor, *, out: Tensor) -> Tensor:
-    """Inductor's `extern_kernels.mm(x, w, out=out)` in its generated code (runtime.inductor_glue): the native
-    product into out where it applies and kernels/dispatch.py measured it faster (the class `_native_mm` measures),
-    else torch.mm into out, on one thread when small; decided once per signature."""
+def _mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor,
+            out: Tensor) -> tuple[Tensor, Callable[..., Tensor] | None]:
+    """x @ w into out, as `extern_kernels.mm(x, w, out=out)` in Inductor's generated code (runtime.inductor_glue):
+    the native product where it applies and kernels/dispatch.py measured it faster (the class `_native_mm`
+    measures), else torch.mm into out, on one thread when small; decided once per signature. Returns the result
+    and the signature's plan (None while dispatch has no choice for its class)."""
     signature = (_signature(x, w), out.shape, out.stride(), out.dtype, out.is_cpu)
     plan = _MM_OUT_PLANS.get(signature)
     if plan is not None:
-        return plan(x, w, out)
+        return plan(x, w, out), plan
     if not (_takes(x, w, 0) and _fits(out, x.shape[0], w.shape[1])):
         _MM_OUT_PLANS.put(signature, _torch_mm_out)
-        return _aten_mm_out(x, w, out=out)
+        return _aten_mm_out(x, w, out=out), _torch_mm_out
     streamed = _streamed(w)
     cls = dispatch.shape_class(*x.shape, w.shape[1], w.stride(0) == w.shape[1], "streamed" if streamed else "")
-    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: _native_out_plan(kernel, x, w)(x, w, out),
-                          lambda: _aten_mm_out(x, w, out=out),
+    plan = _native_out_plan(kernel, x, w)
+    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: plan(x, w, out), lambda: _aten_mm_out(x, w, out=out),
                           _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
-    return _planned(_MM_OUT_PLANS, signature, result, cls, lambda: _native_out_plan(kernel, x, w), _torch_mm_out)
+    return result, _planned(_MM_OUT_PLANS, signature, cls, plan, _torch_mm_out)
+
+
+class _SiteProduct:
+    """One `extern_kernels.mm(x, w, out=...)` call site of an Inductor glue module, which calls it once per graph
+    call: its last call's plan (`_mm_out`), kept with what may differ between the site's calls. Dynamo's guards
+    fix a graph's input dtypes, devices, requires_grad and grad mode, and Inductor's code its buffers' dtypes, so
+    a site's calls differ at most in sizes and strides (symbolic sizes) and in the native settings: those are its
+    key, read at each call (~1 us, where the full signature and its lookup cost ~2.5 us, and the product itself
+    2-3 us at decode sizes)."""
+
+    __slots__ = ("_kernel", "_key", "_plan")
+
+    def __init__(self, kernel: Callable[..., int]):
+        self._kernel = kernel
+        self._key: tuple | None = None
+        self._plan: Callable[..., Tensor] | None = None
+
+    def __call__(self, x: Tensor, w: Tensor, *, out: Tensor) -> Tensor:
+        key = (call_plans.settings(), x.shape, x.stride(), w.shape, w.stride(), out.shape, out.stride())
+        if key == self._key and not autograd_profiler._is_profiler_enabled:
+            return self._plan(x, w, out)
+        result, self._plan = _mm_out(self._kernel, x, w, out)
+        self._key = key if self._plan is not None else None
+        return result
+
+
+def _native_mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor, *, out: Tensor) -> Tensor:
+    """`_mm_out`'s result: the product for a call that is not a site of a glue module."""
+    return _mm_out(kernel, x, w, out)[0]
 
 
 def mm(x: Tensor, w: Tensor) -> Tensor:
@@ -211,16 +248,18 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         return F.linear(x, w)
     kernel, streamed = _typed(loaded.lib)[1], _streamed(w)
     cls = dispatch.shape_class(*x.shape, w.shape[0], "streamed" if streamed else "")
-    result = dispatch.run("skinny_linear", NATIVE_SOURCE, cls, lambda: _native_plan(kernel, x, w, 1)(x, w),
-                          lambda: F.linear(x, w), _evictor(loaded.lib, w) if streamed else None)
-    return _planned(_LINEAR_PLANS, signature, result, cls, lambda: _native_plan(kernel, x, w, 1), _torch_linear)
+    plan = _native_plan(kernel, x, w, 1)
+    result = dispatch.run("skinny_linear", NATIVE_SOURCE, cls, lambda: plan(x, w), lambda: F.linear(x, w),
+                          _evictor(loaded.lib, w) if streamed else None)
+    _planned(_LINEAR_PLANS, signature, cls, plan, _torch_linear)
+    return result
 
 
 def native_out_callable() -> Callable[..., Any]:
-    """What the CPU runtime binds Inductor's `extern_kernels.mm(x, w, out=...)` to: the native product into out
-    where the library is loaded, else torch.mm (one thread when small)."""
-    return native.native_entry(NATIVE_SOURCE, lambda lib: functools.partial(_native_mm_out, _typed(lib)[0])) \
-        or _aten_mm_out
+    """What the CPU runtime binds one call site of Inductor's `extern_kernels.mm(x, w, out=...)` to (a new object
+    per call: `_SiteProduct`): the native product into out where the library is loaded, else torch.mm (one thread
+    when small)."""
+    return native.native_entry(NATIVE_SOURCE, lambda lib: _SiteProduct(_typed(lib)[0])) or _aten_mm_out
 
 
 def native_callable() -> Callable[..., Any] | None:

@@ -2,7 +2,8 @@
 and `torch.ops.aten.<op>.<overload>(` calls become calls of plain names, each bound once by a header of
 assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_mul_Tensor = _bind.aten("mul",
 "Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`); in Inductor's generated module
-(runtime.inductor_glue) also its `extern_kernels.mm(a, b, out=buf)` products (`_extern_mm = _bind.extern("mm")`).
+(runtime.inductor_glue) also its `extern_kernels.mm(a, b, out=buf)` products, each call site bound on its own
+(`_extern_mm_0 = _bind.extern("mm")`: a site keeps the plan of its last call, kernels/skinny_mm.py).
 
 The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
 `_bind` is the runtime's binder (npu_graph.runtime.direct_calls): fused ops' Python implementations, ATen callables,
@@ -50,7 +51,7 @@ def bind_source(source: str) -> str:
         return name + "("
 
     def extern(match: re.Match) -> str:
-        name = EXTERN_PREFIX + match.group(1)
+        name = f"{EXTERN_PREFIX}{match.group(1)}_{len(bindings)}"
         bindings[name] = f"_bind.extern({match.group(1)!r})"
         return name + "("
 

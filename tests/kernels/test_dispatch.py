@@ -135,3 +135,23 @@ def test_prepare_runs_before_every_timed_call_and_not_after_the_choice(table):
     assert prepared == list(range(len(calls)))
     dispatch.run("op", "rms_norm", ("cold",), native_fn, torch_fn, prepare)
     assert len(prepared) == len(calls) - 1              # a decided class runs its choice alone
+
+
+def test_a_measurement_runs_outside_dispatch_modes(table):
+    """AOT autograd runs a graph's first call under a TorchDispatchMode that sends every ATen call through Python:
+    a measurement there would time the mode. The measurement's rounds run outside it (the mode sees none), and the
+    choice is the faster path's: here the torch path, whose ATen calls the mode would slow."""
+    class SlowMode(torch.utils._python_dispatch.TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            SlowMode.seen += 1
+            time.sleep(0.002)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(4)
+    with SlowMode():
+        result = dispatch.run("op", "rms_norm", ("modes",), lambda: (time.sleep(0.001), "native")[1],
+                              lambda: (x + 1, "torch")[1])
+    assert result == "torch" and SlowMode.seen == 0
+    assert dispatch.lookup("op", "rms_norm", ("modes",)).impl == "torch"

@@ -155,3 +155,19 @@ def test_products_into_inductors_out_buffers(rows, monkeypatch):
     padded = torch.empty(rows, 48)[:, :40]             # rows 48 apart
     mm_out(x, w, out=padded)
     torch.testing.assert_close(padded, x @ w)
+
+
+@needs_native
+def test_a_call_site_plans_again_when_its_call_changes(monkeypatch):
+    """One call site's binding keeps its last call's plan; a call of other sizes or strides is planned afresh,
+    and while a profiler records, the site takes the full path, whose event names the implementation."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    site, g = skinny_mm.native_out_callable(), torch.Generator().manual_seed(5)
+    for rows, cols, row_stride in [(1, 40, 40), (1, 40, 40), (2, 40, 40), (1, 24, 0), (2, 40, 48), (1, 40, 40)]:
+        x, w = torch.randn(rows, 96, generator=g), torch.randn(96, cols, generator=g)
+        out = torch.empty(rows, row_stride or cols).as_strided((rows, cols), (row_stride, 1))
+        assert site(x, w, out=out) is out
+        torch.testing.assert_close(out, x @ w, rtol=1e-5, atol=1e-5)
+    with torch.profiler.profile() as prof:
+        site(x, w, out=out)
+    assert any(e.name.startswith("ascend_dsa::skinny_mm/native") for e in prof.events())
