@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch._prims_common import is_contiguous_or_false
 
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_each
@@ -222,6 +223,10 @@ def rewrite(gm: torch.fx.GraphModule, norm: Norm, chosen: Plan) -> None:
 def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
     norm = parse_norm(node)
     chosen = plan(norm)
+    if not is_contiguous_or_false(val(chosen.targets[0])):
+        # the chain keeps its input's layout (a transposed x gives a transposed result, which a later view may rely
+        # on); rms_norm writes a contiguous result
+        raise NoMatch("the norm's result is not contiguous (its input's layout); rms_norm writes a contiguous one")
     rewrite(gm, norm, chosen)
     return PATTERN if chosen.gamma is None else PATTERN_WEIGHTED
 

@@ -11,7 +11,10 @@ again with Inductor's decompositions, to which the elementwise fused ops (rms_no
 added as their reference formulas: Inductor fuses them into its loops. The other fused ops stay opaque calls.
 Only Inductor's generated module is kept, so a graph whose AOT metadata needs AOT autograd's runtime wrapper
 (input mutations outside the graph, outputs rebuilt from inputs) is refused (GlueUnsupported). Inductor's kernels
-run on one thread: a decode graph's loops are tiny, and an OpenMP team woken between fused ops costs more.
+run on one thread: a decode graph's loops are tiny, and an OpenMP team woken between fused ops costs more. The
+module checks no input's sizes and strides (`size_asserts` off: ~60 `assert_size_stride` calls a tiny decode
+step, ~1 µs each): its inputs are the graph's, whose sizes and strides Dynamo's guards check before every call,
+and the prologue's, which this runtime builds with the layout they were traced with.
 The result is Inductor's module source with a `forward(self, *inputs)` adapter. The CPU lowering binds that
 source's fused-op and ATen calls as it binds its own (npu_graph.targets.cpu_bindings): a fused op is called as its
 implementation, not through the dispatcher (`torch.ops.ascend_dsa.<op>.default` costs ~20-35 us a call more), so
@@ -134,7 +137,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     # AOT autograd's own cache would hand back a compiled function without calling `inner` (no source to bind);
     # Inductor's FX graph cache below it still serves a graph compiled before.
     with torch._functorch.config.patch(enable_autograd_cache=False), \
-            torch._inductor.config.patch({"cpp.threads": 1}):
+            torch._inductor.config.patch({"cpp.threads": 1, "size_asserts": False}):
         compile_fx(gm, traced_inputs(gm), inner_compile=inner, decompositions=_decompositions())
     source = sources[-1] if len(sources) == 1 else None
     if not source:

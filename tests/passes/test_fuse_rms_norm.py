@@ -166,3 +166,17 @@ def test_mean_over_another_dim_is_a_near_miss(watch_pass):
     r = run(watch_pass, column_norm, *inputs(torch.float32))
     assert r.report.fused_ops == {} and torch.equal(r.out, r.ref)
     assert "not over the last dim" in r.stats["near_misses"][0]["reason"]
+
+
+def test_a_norm_whose_result_keeps_a_transposed_layout_is_a_near_miss(watch_pass):
+    """x * rsqrt(...) of a transposed x is transposed too, and the graph may view it as such (here a transpose
+    back, then a view): rms_norm writes a contiguous result, so the chain is left as it is — the graph compiles
+    and equals eager instead of failing in the pass."""
+    def norm_then_view(x, w):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+        return y.transpose(0, 1).view(-1)
+
+    x = torch.randn(32, 8).t()
+    r = run(watch_pass, norm_then_view, x, torch.randn(32))
+    assert r.report.fused_ops == {} and torch.equal(r.out, r.ref)
+    assert "not contiguous" in r.stats["near_misses"][0]["reason"]

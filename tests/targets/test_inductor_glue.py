@@ -147,3 +147,22 @@ def test_inductor_products_are_bound_like_the_runtimes_own(tmp_path, monkeypatch
     sites = re.findall(r"(_extern_mm_\d+) = _bind.extern\('mm'\)", source)
     assert len(sites) == len(set(sites)) >= 3, sites             # a binding of its own per call site
     assert all(source.count(site + "(") == 1 for site in sites) and "extern_kernels.mm(" not in source
+
+
+def test_the_glue_checks_no_input_layouts_and_dynamo_guards_them(tmp_path):
+    """Inductor's module is generated without its per-call size and stride asserts: the graph's inputs reach it
+    through Dynamo's guards, so an input of the same sizes but other strides recompiles instead of being read with
+    the wrong layout; every call's result equals eager's."""
+    def gated_rows(x, w):
+        return torch.sigmoid(x * w + 1.0).sum(-1, keepdim=True) * x
+
+    compiled = torch.compile(gated_rows, backend="ascend_dsa",
+                             options={"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)})
+    x, w = torch.randn(8, 32), torch.randn(32)
+    transposed = torch.randn(32, 8).t()                       # sizes (8, 32), strides (1, 8)
+    with torch.no_grad():
+        for value in (x, transposed, x + 1):
+            torch.testing.assert_close(compiled(value, w), gated_rows(value, w), rtol=1e-5, atol=1e-5)
+    sources = [path.read_text() for path in tmp_path.glob("*/compiled.py")]
+    assert len(sources) >= 2 and all("GLUE = 'inductor'" in s for s in sources)      # two layouts, two graphs
+    assert not any("assert_size_stride(" in s for s in sources)
