@@ -19,10 +19,14 @@ keyword-only tensor. Semantics, for router logits x [T,E], all in fp32:
 (on the NPU its content is only defined when out_flag is True). Ties are broken towards the lower index.
 Decode-sized routers go to a native selection (kernels/moe_gating_native.py), larger ones stay in torch.
 """
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
-from npu_graph.kernels import dispatch, moe_gating_native
+from npu_graph.kernels import call_plans, dispatch, moe_gating_native
 from npu_graph.kernels.checks import (
     require,
     require_choice,
@@ -138,36 +142,83 @@ def _group_mask(score: torch.Tensor, k_group: int, group_count: int, group_selec
     return grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).view_as(score)
 
 
+class _Route(NamedTuple):
+    """A router call's options: the op's arguments other than x and bias."""
+    k: int
+    k_group: int
+    group_count: int
+    group_select_mode: int
+    renormed: bool
+    norm_type: int
+    scale: float
+    eps: float
+
+
+def _torch_route(route: _Route, x: Tensor, norm: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The selection in torch (module docstring), from the normalised scores."""
+    score = norm if bias is None else norm + bias.float()
+    if route.group_count > 1:
+        score = _group_mask(score, route.k_group, route.group_count, route.group_select_mode)
+    idx = _stable_topk(score, route.k)
+    y = norm.gather(1, idx)
+    if route.renormed:
+        y = y / (y.sum(dim=-1, keepdim=True) + route.eps)
+    return (y * route.scale).to(x.dtype), idx.to(torch.int32), norm
+
+
+def _native_route(route: _Route, entry: Callable[..., tuple[Tensor, Tensor] | None], x: Tensor, norm: Tensor,
+                  bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The native selection (moe_gating_native.planned's `entry`); the torch path where it declines (a score that
+    is not finite)."""
+    done = entry(norm, bias)
+    return _torch_route(route, x, norm, bias) if done is None else (done[0].to(x.dtype), done[1], norm)
+
+
+def _torch_plan(route: _Route, x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    return _torch_route(route, x, _normalize(x, route.norm_type), bias)
+
+
+def _native_plan(route: _Route, entry: Callable[..., tuple[Tensor, Tensor] | None], x: Tensor,
+                 bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    return _native_route(route, entry, x, _normalize(x, route.norm_type), bias)
+
+
+_PLANS = call_plans.Plans(OP)
+
+
 @torch.library.custom_op("ascend_dsa::moe_gating_top_k", mutates_args=())
 def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
                      group_count: int = 1, group_select_mode: int = 0, renorm: int = 0, norm_type: int = 1,
                      out_flag: bool = False, routed_scaling_factor: float = 1.0,
                      eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Router top-k; see the module docstring for the semantics."""
+    """Router top-k; see the module docstring for the semantics. A signature's later calls run its plan
+    (kernels/call_plans): the normalisation and the path dispatch chose, with the native entry's sizes fixed."""
     if static_checks_needed():
         _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
-    norm = _normalize(x, norm_type)
-    renormed = norm_type == 1 or renorm == 1
+    route = _Route(k, k_group, group_count, group_select_mode, norm_type == 1 or renorm == 1, norm_type,
+                   routed_scaling_factor, eps)
+    signature = (call_plans.tensor_key(x), call_plans.tensor_key(bias), route)
+    plan = _PLANS.get(signature)
+    return plan(x, bias) if plan is not None else _first_call(route, x, bias, signature)
 
-    def torch_select() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        score = norm if bias is None else norm + bias.float()
-        if group_count > 1:
-            score = _group_mask(score, k_group, group_count, group_select_mode)
-        idx = _stable_topk(score, k)
-        y = norm.gather(1, idx)
-        if renormed:
-            y = y / (y.sum(dim=-1, keepdim=True) + eps)
-        return (y * routed_scaling_factor).to(x.dtype), idx.to(torch.int32), norm
 
-    def native_select() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        done = moe_gating_native.select(norm, bias, k, k_group, group_count, group_select_mode, renormed, eps,
-                                        routed_scaling_factor)
-        return torch_select() if done is None else (done[0].to(x.dtype), done[1], norm)
-
-    cls = native_class(norm, k, bias, k_group=k_group, group_count=group_count)
-    if cls is None:
-        return torch_select()
-    return dispatch.run(OP, moe_gating_native.NATIVE_SOURCE, cls, native_select, torch_select)
+def _first_call(route: _Route, x: Tensor, bias: Tensor | None, signature: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """The full path: the native selection or torch's, as kernels/dispatch.py measured them for the class; stores
+    the plan of the choice for the signature."""
+    norm = _normalize(x, route.norm_type)
+    cls = native_class(norm, route.k, bias, k_group=route.k_group, group_count=route.group_count)
+    if cls is None or not moe_gating_native.takes(norm):
+        _PLANS.put(signature, functools.partial(_torch_plan, route))
+        return _torch_route(route, x, norm, bias)
+    entry = moe_gating_native.planned(norm, route.k, route.k_group, route.group_count, route.group_select_mode,
+                                      route.renormed, route.eps, route.scale)
+    result = dispatch.run(OP, moe_gating_native.NATIVE_SOURCE, cls, lambda: _native_route(route, entry, x, norm, bias),
+                          lambda: _torch_route(route, x, norm, bias))
+    impl = dispatch.known(OP, cls)
+    if impl is not None:
+        _PLANS.put(signature, functools.partial(_native_plan, route, entry) if impl == "native"
+                   else functools.partial(_torch_plan, route))
+    return result
 
 
 def native_class(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,

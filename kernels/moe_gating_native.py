@@ -10,6 +10,7 @@ than a decode-sized one, or when a score is not finite (the torch path orders Na
 """
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -41,12 +42,22 @@ def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count:
     docstring)."""
     if not takes(norm):
         return None
-    loaded = native.load(NATIVE_SOURCE)
-    rows = norm.shape[0]
-    bias = None if bias is None else bias.to(torch.float32).contiguous()
-    y = torch.empty(rows, k, dtype=torch.float32, device="cpu")
-    idx = torch.empty(rows, k, dtype=torch.int32, device="cpu")
-    status = _typed(loaded.lib)(norm.data_ptr(), None if bias is None else bias.data_ptr(), rows, norm.shape[1], k,
-                                k_group, group_count, group_select_mode, int(renorm), eps, scale, y.data_ptr(),
-                                idx.data_ptr())
-    return (y, idx) if status == 0 else None
+    return planned(norm, k, k_group, group_count, group_select_mode, renorm, eps, scale)(norm, bias)
+
+
+def planned(norm: Tensor, k: int, k_group: int, group_count: int, group_select_mode: int, renorm: bool, eps: float,
+            scale: float) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor] | None]:
+    """`select` for scores of norm's shape that `takes` (kernels/call_plans keeps it per signature): the router's
+    options and sizes fixed, the bias converted to contiguous fp32 only where it is not."""
+    entry, (rows, experts) = _typed(native.load(NATIVE_SOURCE).lib), norm.shape
+
+    def plan(norm: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        if bias is not None and not (bias.dtype is torch.float32 and bias.is_contiguous()):
+            bias = bias.to(torch.float32).contiguous()
+        y = torch.empty(rows, k, dtype=torch.float32)
+        idx = torch.empty(rows, k, dtype=torch.int32)
+        status = entry(norm.data_ptr(), None if bias is None else bias.data_ptr(), rows, experts, k, k_group,
+                       group_count, group_select_mode, int(renorm), eps, scale, y.data_ptr(), idx.data_ptr())
+        return (y, idx) if status == 0 else None
+
+    return plan

@@ -286,3 +286,21 @@ def test_indexer_prefill_rows_shared_by_the_threads_equal_one_thread(monkeypatch
     finally:
         torch.set_num_threads(threads)
     assert same(alone, shared)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+@pytest.mark.parametrize(("rows", "special"), [(1, None), (4, None), (1, float("nan"))])
+def test_router_plans_equal_the_full_path(switch, rows, special, monkeypatch):
+    """moe_gating_top_k's plan (the normalisation, then the native selection or torch's) gives the full path's
+    results bit for bit, a non-finite score included (the native entry declines it, the torch path answers)."""
+    from npu_graph.kernels import moe_gating
+    monkeypatch.setenv(native.ENV_SWITCH, switch)
+    monkeypatch.setattr(moe_gating, "_PLANS", call_plans.Plans(moe_gating.OP))
+    x, bias = torch.randn(rows, 64), torch.randn(64)
+    if special is not None:
+        x[0, 5] = special
+    first, second, hit = planned(moe_gating._PLANS, OPS.moe_gating_top_k, x, 6, bias, k_group=4, group_count=8,
+                                 group_select_mode=1, routed_scaling_factor=2.5)
+    assert hit
+    for a, b in zip(first, second, strict=True):                    # NaN scores give NaN weights in both
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_paths import native_and_torch
 
-from npu_graph.kernels import moe_gating, moe_gating_native, native
+from npu_graph.kernels import call_plans, moe_gating, moe_gating_native, native
 from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
 from npu_graph.tools.bench_kernels_kda import grouped_router
 
@@ -160,8 +160,14 @@ def test_which_path_answers(rows, experts, special, native_used, monkeypatch):
     """Decode-sized routers take the native selection (an infinite logit is a finite sigmoid score); large ones
     and non-finite scores the torch path (which orders NaN as torch.topk does); both agree with the reference."""
     answers = []
-    select = moe_gating_native.select
-    monkeypatch.setattr(moe_gating_native, "select", lambda *a: answers.append(select(*a)) or answers[-1])
+    planned = moe_gating_native.planned
+
+    def recording(*args):
+        entry = planned(*args)
+        return lambda norm, bias: answers.append(entry(norm, bias)) or answers[-1]
+
+    monkeypatch.setattr(moe_gating_native, "planned", recording)
+    monkeypatch.setattr(moe_gating, "_PLANS", call_plans.Plans(moe_gating.OP))     # no plan from another test
     x = torch.randn(rows, experts, generator=torch.Generator().manual_seed(rows))
     if special is not None:
         x[0, 3] = special
