@@ -223,11 +223,6 @@ class _SiteProduct:
         return result
 
 
-def _native_mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor, *, out: Tensor) -> Tensor:
-    """`_mm_out`'s result: the product for a call that is not a site of a glue module."""
-    return _mm_out(kernel, x, w, out)[0]
-
-
 def mm(x: Tensor, w: Tensor) -> Tensor:
     """x @ w for x [M, K] and w [K, N], through the native kernel where it applies (module docstring), else
     aten.mm."""
