@@ -174,13 +174,11 @@ def _native_route(route: _Route, entry: Callable[..., tuple[Tensor, Tensor] | No
     return _torch_route(route, x, norm, bias) if done is None else (done[0].to(x.dtype), done[1], norm)
 
 
-def _torch_plan(route: _Route, x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    return _torch_route(route, x, _normalize(x, route.norm_type), bias)
-
-
-def _native_plan(route: _Route, entry: Callable[..., tuple[Tensor, Tensor] | None], x: Tensor,
-                 bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    return _native_route(route, entry, x, _normalize(x, route.norm_type), bias)
+def _route_plan(route: _Route, entry: Callable[..., tuple[Tensor, Tensor] | None] | None, x: Tensor,
+                bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """A signature's plan: the normalisation, then the native selection (`entry`) or, with None, torch's."""
+    norm = _normalize(x, route.norm_type)
+    return _torch_route(route, x, norm, bias) if entry is None else _native_route(route, entry, x, norm, bias)
 
 
 _PLANS = call_plans.Plans(OP)
@@ -207,17 +205,17 @@ def _first_call(route: _Route, x: Tensor, bias: Tensor | None, signature: tuple)
     the plan of the choice for the signature."""
     norm = _normalize(x, route.norm_type)
     cls = native_class(norm, route.k, bias, k_group=route.k_group, group_count=route.group_count)
-    if cls is None or not moe_gating_native.takes(norm):
-        _PLANS.put(signature, functools.partial(_torch_plan, route))
+    entry = None if cls is None else moe_gating_native.planned(
+        norm, route.k, route.k_group, route.group_count, route.group_select_mode, route.renormed, route.eps,
+        route.scale)
+    if entry is None:
+        _PLANS.put(signature, functools.partial(_route_plan, route, None))
         return _torch_route(route, x, norm, bias)
-    entry = moe_gating_native.planned(norm, route.k, route.k_group, route.group_count, route.group_select_mode,
-                                      route.renormed, route.eps, route.scale)
     result = dispatch.run(OP, moe_gating_native.NATIVE_SOURCE, cls, lambda: _native_route(route, entry, x, norm, bias),
                           lambda: _torch_route(route, x, norm, bias))
     impl = dispatch.known(OP, cls)
     if impl is not None:
-        _PLANS.put(signature, functools.partial(_native_plan, route, entry) if impl == "native"
-                   else functools.partial(_torch_plan, route))
+        _PLANS.put(signature, functools.partial(_route_plan, route, entry if impl == "native" else None))
     return result
 
 

@@ -4,9 +4,10 @@ first use by kernels/native.py).
 For a few tokens the torch path is ~15 small tensor operations (group scores, group top-k, mask, top-k, gather,
 renormalisation), ~90 us a call and 2-3x that between a decode step's memory-bound layers; the C selection
 takes a few microseconds. The normalised scores are computed by the caller in torch (so that the op's third
-output is the torch path's, bit for bit); the kernel does the rest with the same fp32 operations. `select`
+output is the torch path's, bit for bit); the kernel does the rest with the same fp32 operations. `planned`
 returns None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0), when the router is larger
-than a decode-sized one, or when a score is not finite (the torch path orders NaN as torch.topk does).
+than a decode-sized one or its scores are not contiguous, and its plan returns None when a score is not finite
+(the torch path orders NaN as torch.topk does).
 """
 import ctypes
 import functools
@@ -31,24 +32,14 @@ def takes_shape(x: torch.Tensor) -> bool:
     return x.numel() <= MAX_SCORES and x.is_cpu and bool(native.load(NATIVE_SOURCE))
 
 
-def takes(norm: torch.Tensor) -> bool:
-    """Whether the native selection is loaded and takes these scores (decode-sized, contiguous, on the CPU)."""
-    return takes_shape(norm) and norm.is_contiguous()
-
-
-def select(norm: Tensor, bias: Tensor | None, k: int, k_group: int, group_count: int, group_select_mode: int,
-           renorm: bool, eps: float, scale: float) -> tuple[Tensor, Tensor] | None:
-    """(y fp32 [T, k], expert_idx int32 [T, k]) from the normalised scores norm fp32 [T, E], or None (module
-    docstring)."""
-    if not takes(norm):
-        return None
-    return planned(norm, k, k_group, group_count, group_select_mode, renorm, eps, scale)(norm, bias)
-
-
 def planned(norm: Tensor, k: int, k_group: int, group_count: int, group_select_mode: int, renorm: bool, eps: float,
-            scale: float) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor] | None]:
-    """`select` for scores of norm's shape that `takes` (kernels/call_plans keeps it per signature): the router's
-    options and sizes fixed, the bias converted to contiguous fp32 only where it is not."""
+            scale: float) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor] | None] | None:
+    """The native selection for scores of norm's signature (kernels/call_plans keeps it per signature): a plan
+    returning (y fp32 [T, k], expert_idx int32 [T, k]) from the normalised scores norm fp32 [T, E] and the bias,
+    with the router's options and sizes fixed and the bias converted to contiguous fp32 only where it is not; None
+    when the kernel does not take such scores (module docstring)."""
+    if not (takes_shape(norm) and norm.is_contiguous()):
+        return None
     entry, (rows, experts) = _typed(native.load(NATIVE_SOURCE).lib), norm.shape
 
     def plan(norm: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor] | None:

@@ -26,7 +26,7 @@ from npu_graph.cache.entry import (
 from npu_graph.cache.key import Uncacheable, cache_key, key_material, symbolic_inputs, versions
 from npu_graph.config import CompilerConfig
 from npu_graph.runtime.compiled_graph import CompiledGraph
-from npu_graph.runtime.size_guards import symbol_sources
+from npu_graph.runtime.size_guards import symbol_sources, unlocated
 
 
 def needs_autograd(example_inputs: list[Any]) -> bool:
@@ -167,9 +167,9 @@ def make_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], compiled:
 def _check_located(guards: list[str], symbols: dict[str, list[Any]]) -> None:
     """Raise Uncacheable when a guard reads a size that none of the graph's inputs carries (`symbols`)."""
     for text in guards:
-        unknown = {s.name for s in sympy.sympify(text).free_symbols} - set(symbols)
+        unknown = unlocated([sympy.sympify(text)], symbols)
         if unknown:
-            raise Uncacheable(f"guard {text} uses sizes the cache cannot locate: {sorted(unknown)}")
+            raise Uncacheable(f"guard {text} uses sizes the cache cannot locate: {unknown}")
 
 
 def with_code(artifact: Artifact, source: str, globals_: dict[str, Any], attributes: dict[str, Any],

@@ -33,14 +33,19 @@ def size_at(where: list[Any], inputs: list[Any]) -> Any:
     return inputs[where[1]] if where[0] == "symint" else inputs[where[1]].shape[where[2]]
 
 
+def unlocated(exprs: list[sympy.Expr], sources: dict[str, list[Any]]) -> list[str]:
+    """The sizes these guards read that no input carries (not in `sources`, symbol_sources' result), sorted."""
+    return sorted({s.name for e in exprs for s in e.free_symbols} - set(sources))
+
+
 def guard_check(guards: list[str], sources: dict[str, list[Any]]) -> Callable[[list[Any]], bool]:
     """One predicate over a graph's inputs that is True where every guard holds. Raises ValueError when a guard
     reads a size no input carries or uses a function plain Python cannot evaluate."""
     exprs = [sympy.sympify(text) for text in guards]
-    names = sorted({s.name for e in exprs for s in e.free_symbols})
-    missing = [n for n in names if n not in sources]
+    missing = unlocated(exprs, sources)
     if missing:
         raise ValueError(f"the guards read sizes no input carries: {missing}")
+    names = sorted({s.name for e in exprs for s in e.free_symbols})
     undefined = [str(f) for e in exprs for f in e.atoms(sympy.core.function.AppliedUndef)]
     if undefined:
         raise ValueError(f"the guards use functions plain Python cannot evaluate: {undefined}")
