@@ -66,17 +66,18 @@ def _out_of_memory(what: str) -> MemoryError:
 
 
 def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None) -> Callable[..., Tensor] | None:
-    """`score(b, limit, q_row [N1, D], w_row [N1]) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b for one
-    query token, or None when the native kernel does not take these inputs (module docstring)."""
+    """`score(b, limit, q_row [N1, D], w_row [N1], out=None) -> scores [limit] fp32` of keys 0 .. limit-1 of batch b
+    for one query token (written into `out`, a contiguous fp32 [limit], when given), or None when the native kernel
+    does not take these inputs (module docstring)."""
     found = _kernel(query, key)
     if found is None:
         return None
     fn, bf16_dot, keys_of = found[0], int(found[2]), _key_args(key, block_table)
 
-    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor) -> Tensor:
+    def score(b: int, limit: int, q_row: Tensor, w_row: Tensor, out: Tensor | None = None) -> Tensor:
         heads, dim = q_row.shape
         q, w = q_row.contiguous(), w_row.float().contiguous()      # the kernel reads q in its stored dtype
-        out = torch.empty(limit, dtype=torch.float32, device="cpu")
+        out = torch.empty(limit, dtype=torch.float32, device="cpu") if out is None else out
         if fn(*keys_of(b), limit, q.data_ptr(), native.DTYPE_CODES[q.dtype], w.data_ptr(), heads, dim, bf16_dot,
               torch.get_num_threads(), out.data_ptr()):
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
@@ -134,8 +135,9 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     writes every output. A BSND cache grows by a row per decode step: its length and batch stride are read at
     each call. The plan returns None for a left-padded batch (key_starts not all 0: the caller's padded path); a
     failed check is raised by `check_lengths(query, key, block_table, lq, lk)` with its message; rows whose k-th
-    and (k+1)-th scores are equal are scored again and settled by torch.topk, as in eager (ReLU makes exact zeros
-    common: a model's greedy tokens must not depend on the implementation)."""
+    and (k+1)-th scores are equal are scored again and settled by torch.topk over rows as long as the keys the layout
+    holds, as in an eager model's masked score matrix (ReLU makes exact zeros common: a model's greedy tokens must
+    not depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
@@ -173,7 +175,7 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
             return None
         if status == _LI_TIES:
             _settle_ties(q, key, w, block_table, check_lengths(query, key, block_table, lq_tensor, lk_tensor), visible,
-                         ties, indices, values)
+                         ties, capacity, indices, values)
             return indices, values
         if status == _LI_NO_MEMORY:
             raise _out_of_memory(f"{batch} x {s1} rows of up to {capacity} keys, {heads} heads of dim {dim}")
@@ -184,10 +186,18 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
 
 
 def _settle_ties(q: Tensor, key: Tensor, w: Tensor, block_table: Tensor | None, lengths: tuple[list[int], list[int]],
-                 visible: Callable[[int, int, int], int], ties: Tensor, indices: Tensor, values: Tensor) -> None:
-    """Rows whose k-th and (k+1)-th scores are equal: scored again, their top k chosen by torch.topk."""
-    score = row_scorer(q, key, block_table)
-    k = indices.shape[3]
-    for b, t in ties.nonzero().tolist():
-        scores = score(b, visible(t, lengths[0][b], lengths[1][b]), q[b, t], w[b, t])
-        values[b, t, 0], indices[b, t, 0] = scores.topk(k)
+                 visible: Callable[[int, int, int], int], ties: Tensor, width: int, indices: Tensor,
+                 values: Tensor) -> None:
+    """Rows whose k-th and (k+1)-th scores are equal, settled as torch.topk settles them in the score matrix an eager
+    model masks: the rows are scored again into one [rows, width] matrix whose masked keys are -inf (width: the
+    keys the layout holds), and one topk keeps k of each. torch.topk's choice among equal scores depends on the
+    row's length, so a row is as long as the eager model's, not as its visible keys."""
+    score, k, rows = row_scorer(q, key, block_table), indices.shape[3], ties.nonzero().tolist()
+    matrix = torch.full((len(rows), width), float("-inf"))
+    for r, (b, t) in enumerate(rows):
+        n = visible(t, lengths[0][b], lengths[1][b])
+        score(b, n, q[b, t], w[b, t], matrix[r, :n])
+    top = matrix.topk(k)
+    flat = ties.view(-1).nonzero().squeeze(1)
+    values.view(-1, k)[flat] = top.values
+    indices.view(-1, k)[flat] = top.indices.to(torch.int32)

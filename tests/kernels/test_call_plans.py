@@ -199,8 +199,9 @@ def test_sparse_attention_plans_serve_a_growing_cache(monkeypatch, shared):
 def test_planned_indexer_rows_equal_torch_topk_of_the_native_scores(monkeypatch, ties, rows):
     """A prefill's rows go to the threads in one native call (li_rows_topk), a decode row's keys to them
     (li_row_topk); rows whose k-th and (k+1)-th scores are equal (all-zero scores after the ReLU) are settled by
-    torch.topk. Each row keeps the keys torch.topk keeps of the row's native scores (rows past a batch's query
-    length: none), on the first call and on the planned ones."""
+    torch.topk. Each row keeps the keys torch.topk keeps of the row's native scores in a row as long as the keys
+    (masked keys at -inf, as in an eager model's score matrix; rows past a batch's query length: none), on the
+    first call and on the planned ones."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     query, key, weights, _ = indexer_inputs(2, rows, 40, seed=5)
     if ties:
@@ -215,9 +216,10 @@ def test_planned_indexer_rows_equal_torch_topk_of_the_native_scores(monkeypatch,
             want = torch.full((8,), -1, dtype=torch.int32)
             visible = min(max(lk[b] - lq[b] + t + 1, 0), lk[b])      # causal, bottom-right aligned
             if t < lq[b] and visible:
-                scores = score(b, visible, query[b, t], weights[b, t])
-                top = scores.topk(min(8, scores.numel()))
-                want[:top.indices.numel()] = top.indices.int()
+                row = torch.full((40,), float("-inf"))
+                row[:visible] = score(b, visible, query[b, t], weights[b, t])
+                top = row.topk(8)
+                want = top.indices.int().masked_fill(top.values == float("-inf"), -1)
             assert torch.equal(indices[b, t, 0].sort().values, want.sort().values), (b, t)
 
 

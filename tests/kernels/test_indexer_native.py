@@ -103,3 +103,24 @@ def test_native_topk_equals_torch_topk(n, k, values):
     rank = [(0 if v != v else 1, -v if v == v else 0.0, i) for i, v in enumerate(scores.tolist())]
     ordered = [i for *_, i in sorted(rank)][:take]
     assert indices[0, :take].tolist() == [-1 if scores[i] == float("-inf") else i for i in ordered]
+
+
+@pytest.mark.skipif(not LOADED, reason=WHY)
+def test_prefill_ties_are_settled_as_in_an_eager_models_masked_scores(monkeypatch):
+    """Most keys score exactly 0 (every q·k < 0), a few clearly above: a prefill row with fewer positive keys than
+    sparse_count is tied at the cut. The native path keeps the keys transformers' deepseek_v32 indexer keeps: topk
+    over the [S, T] score matrix with the causal mask at -inf (torch.topk's choice among ties depends on the row's
+    length, so settling over the visible keys alone picks others in ~1 row of 10)."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(11)
+    seq, k = 48, 8
+    query = -torch.rand(1, seq, 4, 16, generator=g)
+    key = torch.rand(1, seq, 1, 16, generator=g)
+    key[0, torch.randperm(seq, generator=g)[:10]] *= -1                       # these score above 0
+    weights = torch.rand(1, seq, 4, generator=g) + 0.5
+    scores = (torch.relu(torch.einsum("bshd,btd->bsht", query, key[:, :, 0])) * weights[..., None]).sum(2)
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    eager = scores.masked_fill(~causal, float("-inf")).topk(k, dim=-1)
+    want = eager.indices.int().masked_fill(eager.values == float("-inf"), -1)
+    got = OP(query, key, weights, sparse_count=k, sparse_mode=3)[0][:, :, 0]
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
