@@ -99,25 +99,33 @@ def _chunk_kda_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                    chunk_size: int, states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op's CPU work; `states` (fp32 contiguous [B, n, H, K, V], n <= T, optional) receives the state after
     each of the first n steps, written by the native recurrence or the torch step loop in the same pass."""
-    b, t_len, h, dk = k.shape
+    b, _, h, dk = k.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
+    native_fn = chunk_kda_native.kernel() if dv else None
+    if native_fn is not None:        # a new state: never the caller's
+        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g, beta, scale, initial_state, states)
+    else:
+        o, final = _torch_recurrence(q, k, v, g, beta, scale, initial_state, chunk_size, states)
+    final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)
+    return o if o.dtype is v.dtype else o.to(v.dtype), final
+
+
+def _torch_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      scale: float, initial_state: torch.Tensor | None, chunk_size: int,
+                      states: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunk_kda_cpu`'s torch paths: (o [B,T,H,V], final state [B*H, K, V] fp32, a copy of the caller's)."""
+    b, t_len, h, dk = k.shape
+    dv = v.shape[-1]
     state = k.new_zeros(b * h, dk, dv, dtype=torch.float32) if initial_state is None \
         else initial_state.reshape(b * h, dk, dv)
     own_state = state if initial_state is None else state.to(torch.float32, copy=True).contiguous()
     g = checked_log_decay(g)
     if dv == 0:             # no values: empty outputs, and a state with no columns stays as it is
-        return v.new_zeros(b, t_len, h, 0), own_state.view(b, h, dk, 0) if output_final_state \
-            else own_state.new_empty(0)
-    native_fn = chunk_kda_native.kernel()
-    if native_fn is not None:        # both update the state in place: never the caller's
-        o, final = chunk_kda_native.recurrence(native_fn, q, k, v, g.exp(), beta, scale, own_state, states)
-    elif states is not None or t_len <= RECURRENT_MAX_T or not _all_finite(q, k, v, g, beta, state):
-        o, final = _recurrent_steps(q, k, v, g, beta, scale, own_state, states)
-    else:
-        o, final = chunked(q, k, v, g, beta, scale, state, chunk_size)
-    final = final.view(b, h, dk, dv) if output_final_state else final.new_empty(0)
-    return o.to(v.dtype).contiguous(), final
+        return v.new_zeros(b, t_len, h, 0), own_state
+    if states is not None or t_len <= RECURRENT_MAX_T or not _all_finite(q, k, v, g, beta, state):
+        return _recurrent_steps(q, k, v, g, beta, scale, own_state, states)
+    return chunked(q, k, v, g, beta, scale, state, chunk_size)
 
 
 @torch.library.custom_op("ascend_dsa::chunk_kda", mutates_args=())

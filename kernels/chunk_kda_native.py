@@ -8,8 +8,10 @@ K=V=128: ~13 vs ~55 ms). The results are the recurrence's, in fp32 (the definiti
 to summation order).
 
 `kernel()` is None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0): the caller keeps its
-torch path then, and computes nothing for this one. `recurrence(..., states=buffer)` also writes the state after
-each of the first n steps into a caller's `[B, n, H, K, V]` buffer, in the same pass (kda_recurrence_states).
+torch path then, and computes nothing for this one. The kernel takes the op's log decay as it is (checks it,
+floors it and exponentiates it in one vectorized pass) and copies the initial state itself: a decode step's call
+is one kernel call and two allocations, not a dozen small torch ops. `recurrence(..., states=buffer)` also writes
+the state after each of the first n steps into a caller's `[B, n, H, K, V]` buffer, in the same pass.
 """
 import ctypes
 import functools
@@ -18,17 +20,21 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
+from npu_graph.kernels.kda_checks import FLOOR_EXPONENT, checked_log_decay
 
 NATIVE_SOURCE = "kda"
 
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    return native_prototypes.typed(lib, NATIVE_SOURCE, "kda_recurrence_states")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "kda_call")
+
+
+_GROWING_DECAY = 2      # kda_call's code for a log decay g > 0
 
 
 def _fp32(x: Tensor) -> Tensor:
-    return x.to(torch.float32).contiguous()
+    return x if x.dtype is torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
 
 
 def kernel() -> ctypes._CFuncPtr | None:
@@ -37,23 +43,30 @@ def kernel() -> ctypes._CFuncPtr | None:
     return _typed(loaded.lib) if loaded else None
 
 
-def recurrence(fn: ctypes._CFuncPtr, q: Tensor, k: Tensor, v: Tensor, exp_g: Tensor, beta: Tensor, scale: float,
-               state: Tensor, states: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """o [B,T,H,V] fp32 and the final state through `kernel()`'s fn. q, k, exp_g [B,T,H,K], v [B,T,H,V],
-    beta [B,T,H]; exp_g is exp of the log decay; state [B*H, K, V] fp32 contiguous, updated in place; `states`
-    (optional, fp32 contiguous [B, n, H, K, V], n <= T) receives the state after each of the first n steps."""
+def recurrence(fn: ctypes._CFuncPtr, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+               initial_state: Tensor | None, states: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """o [B,T,H,V] fp32 and the final state [B*H, K, V] fp32 (a new tensor) through `kernel()`'s fn. q, k, g
+    [B,T,H,K], v [B,T,H,V], beta [B,T,H]; g is the log decay (a g > 0 is refused with kda_checks' message; floored
+    at FLOOR_EXPONENT and exponentiated by the kernel); initial_state [B,H,K,V] or None (zeros), never written;
+    `states` (optional, fp32 contiguous [B, n, H, K, V], n <= T) receives the state after each of the first n
+    steps."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
-    q, k, exp_g, v, beta = (_fp32(x) for x in (q, k, exp_g, v, beta))
     o = torch.empty(b, t_len, h, dv, dtype=torch.float32, device="cpu")
+    state = torch.empty(b * h, dk, dv, dtype=torch.float32, device="cpu")
     if states is not None and not (states.dtype == torch.float32 and states.is_contiguous()
                                    and tuple(states.shape) == (b, states.shape[1], h, dk, dv)
                                    and states.shape[1] <= t_len):
         raise ValueError(f"chunk_kda: the checkpoint buffer must be fp32, contiguous, [B, n <= T, H, K, V] = "
                          f"[{b}, <= {t_len}, {h}, {dk}, {dv}]; got {states.dtype} {tuple(states.shape)}")
-    n_states = 0 if states is None else states.shape[1]
-    if fn(q.data_ptr(), k.data_ptr(), exp_g.data_ptr(), v.data_ptr(), beta.data_ptr(), scale, b, t_len, h, dk, dv,
-          state.data_ptr(), o.data_ptr(), 0 if states is None else states.data_ptr(), n_states):
-        raise MemoryError(f"chunk_kda: the native kernel could not allocate its state tiles; set "
+    q, k, g, v, beta = _fp32(q), _fp32(k), _fp32(g), _fp32(v), _fp32(beta)    # held until the kernel returns
+    initial = None if initial_state is None else _fp32(initial_state)
+    status = fn(q.data_ptr(), k.data_ptr(), g.data_ptr(), FLOOR_EXPONENT, v.data_ptr(), beta.data_ptr(), scale, b,
+                t_len, h, dk, dv, None if initial is None else initial.data_ptr(), state.data_ptr(), o.data_ptr(),
+                None if states is None else states.data_ptr(), 0 if states is None else states.shape[1])
+    if status == _GROWING_DECAY:
+        checked_log_decay(g)                # raises with the position of a positive g
+    if status:
+        raise MemoryError(f"chunk_kda: the native kernel could not allocate its buffers; set "
                           f"{native.ENV_SWITCH}=0 to use the torch path")
     return o, state

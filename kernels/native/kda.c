@@ -234,8 +234,61 @@ int kda_recurrence_states(const float *q, const float *k, const float *e, const 
     return failed ? -1 : 0;
 }
 
-/* The recurrence without checkpoints. */
-int kda_recurrence(const float *q, const float *k, const float *e, const float *v, const float *beta, float scale,
-                   int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv, float *state, float *o) {
-    return kda_recurrence_states(q, k, e, v, beta, scale, batch, steps, heads, dk, dv, state, o, NULL, 0);
+#define KDA_GROWING_DECAY 2         /* kda_call: some log decay g > 0 (a state that grows) */
+#define DECAY_BLOCK 4096            /* log decays per job of the decay pass */
+#define LOG2E 1.44269504088896341f
+
+/* exp(max(x, floor)) as 2^(x log2 e) (simd.h's exp2_neg): a NaN stays NaN, and x = 0 gives exactly 1. */
+static inline vf decay_of(vf x, vf floor_v) { return exp2_neg(pick(x < floor_v, floor_v, x) * LOG2E); }
+
+/* e = exp(max(g, floor)) for the n log decays g; returns whether some g > 0 (NaN is not). Blocks of DECAY_BLOCK
+ * go to the threads when there are several. */
+
+static int decays(const float *g, int64_t n, float floor_exponent, float *e) {
+    int growing = 0;
+#pragma omp parallel for if (n >= 16 * DECAY_BLOCK) schedule(static) reduction(| : growing)
+    for (int64_t start = 0; start < n; start += DECAY_BLOCK) {
+        const int64_t end = n - start < DECAY_BLOCK ? n : start + DECAY_BLOCK;
+        const vf floor_v = splat(floor_exponent);
+        vf top = splat(-INFINITY);
+        int64_t i = start;
+        for (; i + VL <= end; i += VL) {
+            const vf x = vload(g + i);
+            top = vmax(x, top);
+            vstore(e + i, decay_of(x, floor_v));
+        }
+        if (i < end) {      /* the tail through a zero-padded vector */
+            float lanes[VL] = {0};
+            memcpy(lanes, g + i, (size_t)(end - i) * sizeof(float));
+            const vf x = vload(lanes);
+            top = vmax(x, top);
+            vstore(lanes, decay_of(x, floor_v));
+            memcpy(e + i, lanes, (size_t)(end - i) * sizeof(float));
+        }
+        growing |= hmax(top) > 0.0f;
+    }
+    return growing;
+}
+
+/* The op's native call (kernels/chunk_kda_native.py): g [B][T][H][K] is the log decay as the op takes it (checked:
+ * a g > 0 returns KDA_GROWING_DECAY before anything is written; floored at floor_exponent), the state starts from
+ * initial [B][H][K][V] (NULL: zeros; never written) in the caller's buffer `state`, then kda_recurrence_states.
+ * Returns 0, KDA_GROWING_DECAY, or -1 when a buffer could not be allocated. */
+int kda_call(const float *q, const float *k, const float *g, float floor_exponent, const float *v, const float *beta,
+             float scale, int64_t batch, int64_t steps, int64_t heads, int64_t dk, int64_t dv, const float *initial,
+             float *state, float *o, float *states, int64_t n_states) {
+    const int64_t n = batch * steps * heads * dk;
+    float *e = malloc((size_t)(n > 0 ? n : 1) * sizeof *e);
+    if (!e) return -1;
+    if (decays(g, n, floor_exponent, e)) {
+        free(e);
+        return KDA_GROWING_DECAY;
+    }
+    const size_t state_bytes = (size_t)(batch * heads * dk * dv) * sizeof(float);
+    if (initial) memcpy(state, initial, state_bytes);
+    else memset(state, 0, state_bytes);
+    const int status = kda_recurrence_states(q, k, e, v, beta, scale, batch, steps, heads, dk, dv, state, o, states,
+                                             n_states);
+    free(e);
+    return status;
 }

@@ -52,12 +52,11 @@ def test_native_writes_a_callers_buffer():
         pytest.skip("native kernel not available")
     q, k, v, g, beta = make_inputs(1, 7, 2, 8, 12, seed=9)
     slots = torch.full((1, 4, 2, 8, 12), float("nan"))
-    state = torch.zeros(2, 8, 12)
-    chunk_kda_native.recurrence(fn, q, k, v, g.exp(), beta, 8 ** -0.5, state, slots)
+    chunk_kda_native.recurrence(fn, q, k, v, g, beta, 8 ** -0.5, None, slots)
     _, rs = reference_chunk_kda(q[:, :4], k[:, :4], v[:, :4], g[:, :4], beta[:, :4], output_final_state=True)
     torch.testing.assert_close(slots[:, 3], rs, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="checkpoint buffer"):
-        chunk_kda_native.recurrence(fn, q, k, v, g.exp(), beta, 1.0, state, torch.empty(1, 8, 2, 8, 12))
+        chunk_kda_native.recurrence(fn, q, k, v, g, beta, 1.0, None, torch.empty(1, 8, 2, 8, 12))
 
 
 @pytest.mark.parametrize("n", [-1, 8])

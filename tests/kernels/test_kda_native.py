@@ -106,3 +106,19 @@ def test_empty_sizes(t, dk, dv):
     ro, rs = reference_chunk_kda(*inputs, initial_state=s0, output_final_state=True)
     assert o.shape == (1, t, 2, dv) and torch.equal(o, ro)
     torch.testing.assert_close(s, rs)
+
+
+@pytest.mark.parametrize("dk", [16, 5])
+def test_the_kernels_decay_pass(dk, calls):
+    """The kernel takes the log decay as the op does: exp(max(g, -80)) in one pass over blocks handed to the
+    threads (here 1100 steps: more than 16 blocks), a tail shorter than a vector (dk=5), g = -inf a reset, and a
+    positive g anywhere refused with its position, before any output or the caller's state is touched."""
+    q, k, v, g, beta = make_inputs(1, 1100, 4, dk, 8, seed=dk, decay=3.0)
+    g[0, 500, 2] = float("-inf")
+    s0 = torch.randn(1, 4, dk, 8)
+    assert_matches_reference((q, k, v, g, beta), s0)
+    kept = s0.clone()
+    g[0, -1, -1, -1] = 0.5
+    with pytest.raises(ValueError, match=rf"must be <= 0 .* g\[0, 1099, 3, {dk - 1}\] = 0.5"):
+        OP(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    assert torch.equal(s0, kept) and all(calls)
