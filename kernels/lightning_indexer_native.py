@@ -192,12 +192,13 @@ def _settle_ties(q: Tensor, key: Tensor, w: Tensor, block_table: Tensor | None, 
     model masks: the rows are scored again into one [rows, width] matrix whose masked keys are -inf (width: the
     keys the layout holds), and one topk keeps k of each. torch.topk's choice among equal scores depends on the
     row's length, so a row is as long as the eager model's, not as its visible keys."""
-    score, k, rows = row_scorer(q, key, block_table), indices.shape[3], ties.nonzero().tolist()
-    matrix = torch.full((len(rows), width), float("-inf"))
-    for r, (b, t) in enumerate(rows):
+    score, k, s1 = row_scorer(q, key, block_table), indices.shape[3], ties.shape[1]
+    rows = ties.view(-1).nonzero().squeeze(1)         # b * s1 + t
+    matrix = torch.full((rows.numel(), width), float("-inf"))
+    for r, row in enumerate(rows.tolist()):
+        b, t = divmod(row, s1)
         n = visible(t, lengths[0][b], lengths[1][b])
         score(b, n, q[b, t], w[b, t], matrix[r, :n])
     top = matrix.topk(k)
-    flat = ties.view(-1).nonzero().squeeze(1)
-    values.view(-1, k)[flat] = top.values
-    indices.view(-1, k)[flat] = top.indices.to(torch.int32)
+    values.view(-1, k).index_copy_(0, rows, top.values)
+    indices.view(-1, k).index_copy_(0, rows, top.indices.to(torch.int32))
