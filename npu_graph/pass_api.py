@@ -87,6 +87,11 @@ class PassContext:
     graph_name: str = "graph"
     param_indices: tuple[int, ...] = ()
 
+    def param_placeholders(self, gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+        """The placeholders of `gm` that are model parameters (`param_indices`)."""
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        return {placeholders[i] for i in self.param_indices if i < len(placeholders)}
+
 
 @dataclass
 class PassResult:

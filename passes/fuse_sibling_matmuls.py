@@ -82,8 +82,7 @@ def _erase_unused(graph: torch.fx.Graph, packed: torch.fx.Node) -> None:
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = {placeholders[i] for i in ctx.param_indices if i < len(placeholders)}
+    params = ctx.param_placeholders(gm)
     groups = _groups(gm, params)
     for group in groups:
         _fuse(gm, group)

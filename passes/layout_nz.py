@@ -99,8 +99,7 @@ def _form(ctx: PassContext, weight: torch.fx.Node) -> str | None:
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = {placeholders[i] for i in ctx.param_indices if i < len(placeholders)}
+    params = ctx.param_placeholders(gm)
     weights = _weights(gm, params)
     records, realised = [], 0
     for weight, users in weights.items():

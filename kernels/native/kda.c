@@ -243,7 +243,6 @@ static inline vf decay_of(vf x, vf floor_v) { return exp2_neg(pick(x < floor_v, 
 
 /* e = exp(max(g, floor)) for the n log decays g; returns whether some g > 0 (NaN is not). Blocks of DECAY_BLOCK
  * go to the threads when there are several. */
-
 static int decays(const float *g, int64_t n, float floor_exponent, float *e) {
     int growing = 0;
 #pragma omp parallel for if (n >= 16 * DECAY_BLOCK) schedule(static) reduction(| : growing)
