@@ -15,7 +15,8 @@ run on one thread: a decode graph's loops are tiny, and an OpenMP team woken bet
 module checks no input's sizes and strides (`size_asserts` off: ~60 `assert_size_stride` calls a tiny decode
 step, ~1 µs each): its inputs are the graph's, whose sizes and strides Dynamo's guards check before every call,
 and the prologue's, which this runtime builds with the layout they were traced with.
-The result is Inductor's module source with a `forward(self, *inputs)` adapter. The CPU lowering binds that
+The result is Inductor's module source with a `forward(self, *inputs)` adapter, which gives every output the
+layout the graph traced (npu_graph.runtime.glue_layouts). The CPU lowering binds that
 source's fused-op and ATen calls as it binds its own (npu_graph.targets.cpu_bindings): a fused op is called as its
 implementation, not through the dispatcher (`torch.ops.ascend_dsa.<op>.default` costs ~20-35 us a call more), so
 the source in the dump is what runs. Inductor's on-disk caches serve a graph compiled before; the generated source
@@ -33,20 +34,16 @@ from torch import Tensor
 from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
 from npu_graph.kernels.rotary_mul import reference_rotary_mul
 from npu_graph.passes.streams.cost_model import numel
+from npu_graph.runtime import glue_layouts
 
 # "auto" gives the glue to Inductor when a graph has at least MIN_GLUE_NODES ATen calls and half of them produce at
 # most SMALL_NODE_ELEMENTS values (decode-sized work, where a call's Python dispatch costs more than its math); a
-# prefill's glue does real work per call, and the Python form saves Inductor's compile time.
-MIN_GLUE_NODES = 64
+# prefill's glue does real work per call, and the Python form saves Inductor's compile time. 32: tiny qwen3_moe's
+# graphs have 50-56 calls and llama's prefill 62, whose Python glue cost them 0.7-0.9x Inductor's speed under 64.
+MIN_GLUE_NODES = 32
 SMALL_NODE_ELEMENTS = 8192
 
 _AOT_ID = re.compile(r"^# AOT ID: .*\n", re.MULTILINE)
-ADAPTER = '''
-
-def forward(self, *inputs):
-    """The CPU runtime's calling convention over Inductor's boxed `call`."""
-    return tuple(call(list(inputs)))
-'''
 
 
 class GlueUnsupported(ValueError):
@@ -126,11 +123,20 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     sources: list[str] = []
+    relayouts: list[tuple[int, ...]] = []
+    traced = glue_layouts.traced_output_strides(gm)
 
     def inner(graph: torch.fx.GraphModule, inputs: list[object], **kwargs: object) -> object:
         context = torch._guards.TracingContext.try_get()
-        _check_plain(None if context is None else context.fw_metadata)
+        meta = None if context is None else context.fw_metadata
+        _check_plain(meta)
         compiled = compile_fx_inner(graph, inputs, **kwargs)
+        kinds = [info.output_type.name for info in meta.output_info]
+        try:
+            relayouts.append(glue_layouts.outputs_to_relayout(traced, getattr(compiled, "output_strides", None),
+                                                              kinds))
+        except glue_layouts.LayoutMismatch as exc:
+            raise GlueUnsupported(str(exc)) from exc
         sources.append(getattr(compiled, "source_code", ""))
         return compiled
 
@@ -145,4 +151,4 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     body = source.split("\nif __name__ == \"__main__\":", 1)[0]
     # Inductor's header names the process's AOT compile counter: the same graph compiled again (a cache hit's dump)
     # would differ in that comment alone
-    return _AOT_ID.sub("", body) + ADAPTER
+    return _AOT_ID.sub("", body) + glue_layouts.adapter(relayouts[-1])

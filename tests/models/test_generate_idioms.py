@@ -135,14 +135,17 @@ def test_compiled_forward_generates_eager_tokens(name, tiny_transformers, compil
 
 
 @pytest.mark.slow
-def test_inductor_glue_generates_eager_tokens(tiny_transformers, compiles, recwarn, monkeypatch):
+@pytest.mark.parametrize("name", ["deepseek_v32", "llama"])
+def test_inductor_glue_generates_eager_tokens(tiny_transformers, compiles, recwarn, monkeypatch, name):
     """Idiom 1 with the default glue choice ("auto"; the suite runs Python glue otherwise, tests/conftest.py): the
     graphs start on their Python glue while the glue worker compiles Inductor's (npu_graph.runtime.glue_upgrade);
     once it has landed the decode graph runs as Inductor's module with the fused ops called directly, tokens equal
-    eager's before and after. Slow: Inductor compiles C++ for three graphs (~1 min on a 2-core machine with its
-    caches cold); tests/targets/test_glue_upgrade.py covers the switch in the default run."""
+    eager's before and after, and nothing recompiles: llama's prefill under Inductor's module gives the key cache
+    the layout its Python glue gave (npu_graph.runtime.glue_layouts; without it the next step's guards failed).
+    Slow: Inductor compiles C++ for three graphs (~1 min on a 2-core machine with its caches cold);
+    tests/targets/test_glue_upgrade.py covers the switch in the default run."""
     monkeypatch.setenv("ASCEND_DSA_CPU_GLUE", "auto")
-    model = tiny_transformers("deepseek_v32")
+    model = tiny_transformers(name)
     inputs = [prompt(12, seed) for seed in (1, 2, 3)]
     expected = [greedy(model.generate, x, TOKENS) for x in inputs]
     generate, _ = compile_for_generate(model, "forward")

@@ -166,3 +166,39 @@ def test_the_glue_checks_no_input_layouts_and_dynamo_guards_them(tmp_path):
     sources = [path.read_text() for path in tmp_path.glob("*/compiled.py")]
     assert len(sources) >= 2 and all("GLUE = 'inductor'" in s for s in sources)      # two layouts, two graphs
     assert not any("assert_size_stride(" in s for s in sources)
+
+
+def _first_cache_update(x, w, empty):
+    """transformers' DynamicCache on its first update: cat([empty, key_states], -2), key_states a transposed view."""
+    keys = (x @ w).view(1, 8, 4, 16).transpose(1, 2)
+    return torch.cat([empty, keys], -2), keys.sum()
+
+
+def test_inductor_glue_keeps_the_graphs_output_layouts(tmp_path):
+    """Inductor's decomposition of cat drops the empty input and clones the transposed one: its module would lay the
+    result out [1, 8, 4, 16]-major where eager and the Python glue give it contiguous. The adapter makes that output
+    contiguous (the dump shows it), so a graph switching glue mid-run hands later graphs the layout their guards
+    were traced with."""
+    args = (torch.randn(8, 64), torch.randn(64, 64), torch.zeros(1, 4, 0, 16))
+    want = _first_cache_update(*args)
+    got = _compiled(_first_cache_update, {"cache": False, "cpu_glue": "inductor", "dump_dir": str(tmp_path)}, *args)
+    assert got[0].stride() == want[0].stride() == (512, 128, 16, 1)
+    torch.testing.assert_close(got, want)
+    source = next(tmp_path.glob("*/compiled.py")).read_text()
+    assert "GLUE = 'inductor'" in source and "made contiguous" in source
+
+
+def test_outputs_to_relayout_mends_contiguous_outputs_and_refuses_the_rest():
+    from npu_graph.runtime.glue_layouts import LayoutMismatch, outputs_to_relayout
+    s0 = torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint()    # a symbolic cache length
+    traced = [((1, 4, 8, 16), (512, 128, 16, 1)), ((4, s0), (s0, 1)), None]
+    assert outputs_to_relayout(traced, [("512", "128", "16", "1"), (str(s0), "1"), None], ["non_alias"] * 3) == ()
+    assert outputs_to_relayout(traced, [("512", "16", "64", "1"), (str(s0), "1"), None], ["non_alias"] * 3) == (0,)
+    with pytest.raises(LayoutMismatch, match="output 1"):      # the graph's own layout is not contiguous
+        outputs_to_relayout([None, ((4, 8), (1, 4))], [None, ("8", "1")], ["non_alias"] * 2)
+    with pytest.raises(LayoutMismatch, match="output 0"):      # a copy would break the alias
+        outputs_to_relayout(traced[:1], [("512", "16", "64", "1")], ["alias_of_intermediate"])
+    with pytest.raises(LayoutMismatch, match="no layout"):
+        outputs_to_relayout(traced, None, ["non_alias"] * 3)
+    s1 = torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint()
+    assert outputs_to_relayout([((4, s1), (s1, 1))], [("1", "4")], ["non_alias"]) == (0,)   # symbolic, contiguous
