@@ -155,8 +155,7 @@ def _first_call(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_
         return run()
     native_plan = lightning_indexer_native.native_path(
         query, key, block_table, weights, sparse_count, sparse_mode, (actual_seq_lengths_query, actual_seq_lengths_key),
-        functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"),
-        functools.partial(visible_keys, sparse_mode=sparse_mode))
+        functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"))
     result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls,
                           lambda: native_plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
                                               block_table), dispatch.torch_path(run))

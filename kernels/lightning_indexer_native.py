@@ -22,19 +22,25 @@ from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
 from npu_graph.kernels.call_plans import as_int, int_dtype
+from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "lightning_indexer"
+_TOPK = serial_when_small("topk.default", torch.topk)    # tied rows are few: no thread team woken for them
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool, ctypes._CFuncPtr]:
-    """(li_scores, li_topk, whether the build reads fp16, whether it has bf16 dot products, li_call)."""
+def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, bool, ctypes._CFuncPtr,
+                                      tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
+    """(li_scores, li_topk, whether the build reads fp16, whether it has bf16 dot products, li_call,
+    (li_tied_scores, li_place_rows))."""
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_f16")
     has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "li_has_bf16_dot")
     scores = native_prototypes.typed(lib, NATIVE_SOURCE, "li_scores")
     topk = native_prototypes.typed(lib, NATIVE_SOURCE, "li_topk")
     call = native_prototypes.typed(lib, NATIVE_SOURCE, "li_call")
-    return scores, topk, bool(has_f16()), bool(has_bf16_dot()), call
+    tied = native_prototypes.typed(lib, NATIVE_SOURCE, "li_tied_scores"), \
+        native_prototypes.typed(lib, NATIVE_SOURCE, "li_place_rows")
+    return scores, topk, bool(has_f16()), bool(has_bf16_dot()), call, tied
 
 
 def _readable(key: Tensor) -> bool:
@@ -42,17 +48,17 @@ def _readable(key: Tensor) -> bool:
     return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in native.DTYPE_CODES
 
 
-def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool] | None:
-    """(li_scores, li_call, whether to use bf16 dot products) for these inputs, or None (module docstring)."""
+def _kernel(query: Tensor, key: Tensor) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, tuple] | None:
+    """(li_scores, li_call, whether to use bf16 dot products, (li_tied_scores, li_place_rows)) for these inputs, or
+    None (module docstring)."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded or query.dtype not in native.DTYPE_CODES or not _readable(key):
         return None
-    scores, _, has_f16, has_bf16_dot, call = _typed(loaded.lib)
+    scores, _, has_f16, has_bf16_dot, call, tied = _typed(loaded.lib)
     if torch.float16 in (key.dtype, query.dtype) and not has_f16:
         return None
-    bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 \
-        and query.shape[3] % 2 == 0
-    return scores, call, bf16_dot
+    bf16_dot = has_bf16_dot and query.dtype == key.dtype == torch.bfloat16 and query.shape[3] % 2 == 0
+    return scores, call, bf16_dot, tied
 
 
 def takes(query: Tensor, key: Tensor) -> bool:
@@ -127,17 +133,17 @@ _LI_TIES, _LI_PADDED, _LI_NO_MEMORY = 5, 6, 1
 
 
 def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int, sparse_mode: int,
-                lengths: tuple[Tensor | None, Tensor | None], check_lengths: Callable[..., tuple[list[int], list[int]]],
-                visible: Callable[[int, int, int], int]) -> Callable[..., tuple[Tensor, Tensor] | None] | None:
+                lengths: tuple[Tensor | None, Tensor | None], check_lengths: Callable[..., tuple[list[int], list[int]]]
+                ) -> Callable[..., tuple[Tensor, Tensor] | None] | None:
     """The op's native path for calls of these operands' signature (the plan kernels/call_plans keeps), or None
     when the kernel does not take them: one li_call per op call, which checks the lengths and the block table,
     scores every batch's rows (a decode row's keys shared by the threads, a prefill's rows handed to them) and
     writes every output. A BSND cache grows by a row per decode step: its length and batch stride are read at
     each call. The plan returns None for a left-padded batch (key_starts not all 0: the caller's padded path); a
     failed check is raised by `check_lengths(query, key, block_table, lq, lk)` with its message; rows whose k-th
-    and (k+1)-th scores are equal are scored again and settled by torch.topk over rows as long as the keys the layout
-    holds, as in an eager model's masked score matrix (ReLU makes exact zeros common: a model's greedy tokens must
-    not depend on the implementation)."""
+    and (k+1)-th scores are equal are scored again (one li_tied_scores call) and settled by torch.topk over rows as
+    long as the keys the layout holds, as in an eager model's masked score matrix (ReLU makes exact zeros common: a
+    model's greedy tokens must not depend on the implementation)."""
     found = _kernel(query, key)
     if found is None:
         return None
@@ -152,7 +158,7 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
                      key.stride(1), block_table.shape[1] if paged else 0, lq_dtype is torch.int64,
                      lk_dtype is torch.int64, sparse_mode != 0, native.DTYPE_CODES[key.dtype],
                      native.DTYPE_CODES[query.dtype], int(found[2]))
-    args, entry = ctypes.byref(fixed), found[1]
+    args, entry, (tied_scores, place_rows) = ctypes.byref(fixed), found[1], found[3]
 
     def plan(query: Tensor, key: Tensor, weights: Tensor, lq_tensor: Tensor | None, lk_tensor: Tensor | None,
              block_table: Tensor | None, key_starts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
@@ -164,9 +170,10 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         indices = torch.empty(batch, s1, 1, k, dtype=torch.int32)     # sizes as ints, not a tuple: ~0.6 us less
         values = torch.empty(batch, s1, 1, k, dtype=torch.float32)
         ties = torch.empty(batch, s1, dtype=torch.int32)
-        status = entry(args, q.data_ptr(), w.data_ptr(), key.data_ptr(), 0 if paged else key.stride(0),
-                       None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
-                       None if lk is None else lk.data_ptr(), None if starts is None else starts.data_ptr(),
+        operands = (args, q.data_ptr(), w.data_ptr(), key.data_ptr(), 0 if paged else key.stride(0),
+                    None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
+                    None if lk is None else lk.data_ptr())
+        status = entry(*operands, None if starts is None else starts.data_ptr(),
                        starts is not None and starts.dtype is torch.int64, capacity, torch.get_num_threads(),
                        indices.data_ptr(), values.data_ptr(), ties.data_ptr())
         if status == 0:
@@ -174,8 +181,9 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         if status == _LI_PADDED:
             return None
         if status == _LI_TIES:
-            _settle_ties(q, key, w, block_table, check_lengths(query, key, block_table, lq_tensor, lk_tensor), visible,
-                         ties, capacity, indices, values)
+            status = _settle_ties(tied_scores, (*operands, capacity, torch.get_num_threads()), place_rows, ties,
+                                  capacity, indices, values)
+        if status == 0:
             return indices, values
         if status == _LI_NO_MEMORY:
             raise _out_of_memory(f"{batch} x {s1} rows of up to {capacity} keys, {heads} heads of dim {dim}")
@@ -185,20 +193,21 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     return plan
 
 
-def _settle_ties(q: Tensor, key: Tensor, w: Tensor, block_table: Tensor | None, lengths: tuple[list[int], list[int]],
-                 visible: Callable[[int, int, int], int], ties: Tensor, width: int, indices: Tensor,
-                 values: Tensor) -> None:
-    """Rows whose k-th and (k+1)-th scores are equal, settled as torch.topk settles them in the score matrix an eager
-    model masks: the rows are scored again into one [rows, width] matrix whose masked keys are -inf (width: the
-    keys the layout holds), and one topk keeps k of each. torch.topk's choice among equal scores depends on the
-    row's length, so a row is as long as the eager model's, not as its visible keys."""
-    score, k, s1 = row_scorer(q, key, block_table), indices.shape[3], ties.shape[1]
-    rows = ties.view(-1).nonzero().squeeze(1)         # b * s1 + t
-    matrix = torch.full((rows.numel(), width), float("-inf"))
-    for r, row in enumerate(rows.tolist()):
-        b, t = divmod(row, s1)
-        n = visible(t, lengths[0][b], lengths[1][b])
-        score(b, n, q[b, t], w[b, t], matrix[r, :n])
-    top = matrix.topk(k)
-    values.view(-1, k).index_copy_(0, rows, top.values)
-    indices.view(-1, k).index_copy_(0, rows, top.indices.to(torch.int32))
+def _settle_ties(tied_scores: Callable[..., int], operands: tuple, place_rows: Callable[..., None], ties: Tensor,
+                 width: int, indices: Tensor, values: Tensor) -> int:
+    """Rows whose k-th and (k+1)-th scores are equal (`ties`, li_call's flags), settled as torch.topk settles them in
+    the score matrix an eager model masks: li_tied_scores (`tied_scores`, with the call's `operands`) scores them
+    again into one [rows, width] matrix whose masked keys are -inf (width: the keys the layout holds), one topk
+    keeps k of each, and li_place_rows (`place_rows`) writes them into the outputs. torch.topk's choice among equal
+    scores depends on the row's length, so a row is as long as the eager model's, not as its visible keys. Returns
+    the kernel's status (0: settled)."""
+    k = indices.shape[3]
+    matrix = torch.empty(ties.numel(), width)
+    rows = torch.empty(ties.numel(), dtype=torch.int64)
+    count = tied_scores(*operands, ties.data_ptr(), matrix.data_ptr(), rows.data_ptr())
+    if count < 0:
+        return -count
+    top = _TOPK(matrix[:count], k)
+    place_rows(rows.data_ptr(), count, k, top.values.data_ptr(), top.indices.data_ptr(), indices.data_ptr(),
+               values.data_ptr())
+    return 0

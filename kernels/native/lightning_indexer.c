@@ -527,6 +527,13 @@ static void no_keys(int64_t k, int64_t from, int64_t s1, int32_t *idx, float *va
     }
 }
 
+/* The keys query row t of a batch with lq query rows and lk keys sees: all lk, or with the causal mask the first
+ * lk - lq + t + 1. */
+static int64_t row_limit(const struct li_call_args *a, int64_t lq, int64_t lk, int64_t t) {
+    int64_t limit = a->causal ? lk - lq + t + 1 : lk;
+    return limit < 0 ? 0 : (limit > lk ? lk : limit);
+}
+
 /* One batch's query rows: li_row_topk for a decode row (its keys shared by the threads), li_rows_topk for
  * several; limits [lq] scratch. Returns 0, 1 when some row has equal scores at the cut (tie [lq]), -1 out of
  * memory. */
@@ -541,8 +548,7 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
     const float *wb = w + b * a->w_batch;
     for (int64_t t = 0; t < lq; t++) {
         tie[t] = 0;
-        int64_t limit = a->causal ? lk - lq + t + 1 : lk;
-        limits[t] = limit < 0 ? 0 : (limit > lk ? lk : limit);
+        limits[t] = row_limit(a, lq, lk, t);
         if (limits[t] == 0) no_keys(a->k, t, t + 1, idx, val);
     }
     if (lq == 1) {
@@ -593,4 +599,46 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
     free(limits);
     free(scores);
     return status == LI_OK && ties ? LI_TIES : status;
+}
+
+/* The scores of the rows li_call flagged in tie [batch][s1] (its arguments again), into matrix [tied rows][capacity]
+ * in row order, the row's position b * s1 + t into rows [tied rows]: keys the row sees scored, the rest -inf, as the
+ * masked score matrix of an eager model holds them. The caller keeps k of each row with torch.topk, whose choice
+ * among equal scores depends on the row's length (kernels/lightning_indexer_native._settle_ties), and li_place_rows
+ * puts them in the outputs. matrix and rows have room for batch * s1 rows. Returns the number of rows, or minus one
+ * of li_call's codes. */
+int64_t li_tied_scores(const struct li_call_args *a, const void *q, const float *w, const void *key,
+                       int64_t key_batch, const int32_t *table, const void *lq_len, const void *lk_len,
+                       int64_t capacity, int threads, const int32_t *tie, float *matrix, int64_t *rows) {
+    int64_t lq[a->batch], lk[a->batch], item = elem_bytes(a->q_dtype), count = 0;
+    int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
+    for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
+        const char *keys = (const char *)key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype));
+        const int32_t *row_table = table ? table + b * a->table_row : NULL;
+        for (int64_t t = 0; t < lq[b] && status == LI_OK; t++) {
+            if (!tie[b * a->s1 + t]) continue;
+            int64_t n = row_limit(a, lq[b], lk[b], t);
+            float *row = matrix + count * capacity;
+            const char *qt = (const char *)q + (b * a->q_batch + t * a->q_row) * item;
+            if (li_scores(keys, a->key_dtype, a->key_row, table ? a->block_stride : 0, row_table,
+                          table ? a->block_size : 1, n, qt, a->q_dtype, w + b * a->w_batch + t * a->w_row, a->heads,
+                          a->dim, a->bf16_dot, threads, row))
+                status = LI_NO_MEMORY;
+            for (int64_t s = n; s < capacity; s++) row[s] = -INFINITY;
+            rows[count++] = b * a->s1 + t;
+        }
+    }
+    return status == LI_OK ? count : -status;
+}
+
+/* Row rows[i] of the outputs idx / val [..][k] from row i of torch.topk's top_val / top_idx [count][k] (int64
+ * positions): a position scoring -inf is reported as -1, as li_topk reports it. */
+void li_place_rows(const int64_t *rows, int64_t count, int64_t k, const float *top_val, const int64_t *top_idx,
+                   int32_t *idx, float *val) {
+    for (int64_t i = 0; i < count; i++)
+        for (int64_t j = 0; j < k; j++) {
+            float v = top_val[i * k + j];
+            val[rows[i] * k + j] = v;
+            idx[rows[i] * k + j] = v == -INFINITY ? -1 : (int32_t)top_idx[i * k + j];
+        }
 }

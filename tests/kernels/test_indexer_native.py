@@ -124,3 +124,32 @@ def test_prefill_ties_are_settled_as_in_an_eager_models_masked_scores(monkeypatc
     want = eager.indices.int().masked_fill(eager.values == float("-inf"), -1)
     got = OP(query, key, weights, sparse_count=k, sparse_mode=3)[0][:, :, 0]
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+@pytest.mark.skipif(not LOADED, reason=WHY)
+@pytest.mark.parametrize("paged", [False, True])
+def test_tied_rows_of_a_batch_are_settled_over_the_layouts_keys(monkeypatch, paged):
+    """Tied rows of two batches with their own lengths, keys in rows or in a paged cache, scored again by one native
+    call (li_tied_scores): each is settled by topk over a row as long as the keys the layout holds (48: the rows, or
+    three blocks of 16), the keys it does not see at -inf."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(3)
+    seq, k, lq, lk = 48, 8, [40, 29], [48, 33]
+    query = -torch.rand(2, seq, 4, 16, generator=g)
+    key = torch.rand(2, seq, 1, 16, generator=g)
+    key[:, torch.randperm(seq, generator=g)[:10]] *= -1                       # these score above 0
+    weights = torch.rand(2, seq, 4, generator=g) + 0.5
+    lengths = torch.tensor(lq, dtype=torch.int32), torch.tensor(lk, dtype=torch.int32)
+    if paged:
+        cache, table = to_paged(key, 16, seed=5)
+        got = OP(query, cache, weights, *lengths, table, layout_key="PA_BSND", sparse_count=k, sparse_mode=3)[0]
+    else:
+        got = OP(query, key, weights, *lengths, sparse_count=k, sparse_mode=3)[0]
+    scores = (torch.relu(torch.einsum("bshd,btd->bsht", query, key[:, :, 0])) * weights[..., None]).sum(2)
+    for b in range(2):
+        for t in range(lq[b]):
+            row = scores[b, t].clone()
+            row[lk[b] - lq[b] + t + 1:] = float("-inf")
+            want = row.topk(k)
+            want = want.indices.int().masked_fill(want.values == float("-inf"), -1)
+            assert torch.equal(got[b, t, 0].sort().values, want.sort().values), (b, t)
