@@ -26,7 +26,7 @@ class LayoutMismatch(ValueError):
     """Inductor's module would give an output a layout the graph's other glue does not, and no copy mends it."""
 
 
-def traced_output_strides(gm: torch.fx.GraphModule) -> list[tuple[object, ...] | None]:
+def traced_output_layouts(gm: torch.fx.GraphModule) -> list[tuple[object, ...] | None]:
     """Each output's (sizes, strides) as the graph traced them (None for a non-tensor output)."""
     (output,) = gm.graph.find_nodes(op="output")
     args = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]

@@ -124,7 +124,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     gm.recompile()
     sources: list[str] = []
     relayouts: list[tuple[int, ...]] = []
-    traced = glue_layouts.traced_output_strides(gm)
+    traced = glue_layouts.traced_output_layouts(gm)
 
     def inner(graph: torch.fx.GraphModule, inputs: list[object], **kwargs: object) -> object:
         context = torch._guards.TracingContext.try_get()
