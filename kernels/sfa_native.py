@@ -28,6 +28,18 @@ def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16())
 
 
+def bf16_dot_build() -> bool:
+    """Whether the loaded build scores bf16 queries with bf16 dot products (AVX512-BF16), which only the per-batch
+    path (sfa_attend) asks for."""
+    loaded = native.load(NATIVE_SOURCE)
+    return bool(loaded) and _has_bf16_dot(loaded.lib)
+
+
+@functools.cache
+def _has_bf16_dot(lib: ctypes.CDLL) -> bool:
+    return bool(native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_has_bf16_dot")())
+
+
 def call_entry() -> ctypes._CFuncPtr:
     """sfa_call, the whole-call entry the plans use (kernels/sfa_plan.py), of the library native_kernel loaded."""
     return _typed_call(native.load(NATIVE_SOURCE).lib)

@@ -4,7 +4,9 @@ The op's CPU path decides at every call which implementation runs (kernels/dispa
 reads the KV tensors, and then for each batch takes views of the query, keys, indices and outputs only to read
 their addresses; a decode call (one query token, a few selected rows) spent ~0.1 ms on that and ~5 us in the
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
-fp32 queries (copied first when their rows do not lie one after another), KV in the BSND layout or paged, and
+fp32 queries (copied first when their rows do not lie one after another) and bf16 / fp16 ones widened to fp32
+(`takes`: a bf16 decode call on the AVX2 EPYC spent ~0.4 ms of 1.1 in the per-batch path's Python), KV in the
+BSND layout or paged, and
 addresses each batch's rows from the tensors' base pointers (a paged cache's through the block table) with the
 strides fixed; the data checks (sparse_indices, the sequence lengths, the block table, the key starts of a
 left-padded batch) still run at every call, and a kernel that cannot get its scratch memory still sends the call
@@ -34,14 +36,24 @@ def _rows_contiguous(x: Tensor) -> bool:
 
 
 def takes(query: Tensor, query_rope: Tensor | None) -> bool:
-    """Whether `native_plan` serves this signature: fp32 query (and rope), KV BSND or paged. Queries whose rows
-    do not lie one after another (heads transposed from [B, N1, S1, D]) are copied first."""
-    return query.dtype == torch.float32 and (query_rope is None or query_rope.dtype == torch.float32)
+    """Whether `native_plan` serves this signature (KV BSND or paged): an fp32 query (and rope), or a bf16 or fp16
+    one, which the plan widens to fp32 and whose output it rounds back to the query's dtype — as the per-batch path
+    computes them — except bf16 where the build has bf16 dot products (sfa_native.bf16_dot_build), a mode only
+    the per-batch path asks for. Queries whose rows do not lie one after another (heads transposed from
+    [B, N1, S1, D]) are copied first."""
+    dtypes = {query.dtype} | ({query_rope.dtype} if query_rope is not None else set())
+    if dtypes == {torch.float32}:
+        return True
+    if len(dtypes) != 1 or not dtypes <= {torch.bfloat16, torch.float16}:
+        return False
+    return not (dtypes == {torch.bfloat16} and sfa_native.bf16_dot_build())
 
 
-def _as_rows(x: Tensor | None) -> Tensor | None:
-    """x as the kernel reads it: itself when its rows lie one after another, else a contiguous copy."""
-    return x if x is None or _rows_contiguous(x) else x.contiguous()
+def _as_fp32_rows(x: Tensor | None) -> Tensor | None:
+    """x as the plan hands it to the kernel: fp32 with its rows one after another (a copy unless it is already)."""
+    if x is None or (x.dtype == torch.float32 and _rows_contiguous(x)):
+        return x
+    return x.float().contiguous()
 
 
 def outputs(query: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,12 +103,11 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     `full_path`."""
     dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
-    fixed = _call_args(_as_rows(query), key, value, dtypes, sparse_indices, block_table, _as_rows(query_rope),
-                       key_rope, sparse_block_size, sparse_mode)
+    fixed = _call_args(_as_fp32_rows(query), key, value, dtypes, sparse_indices, block_table,
+                       _as_fp32_rows(query_rope), key_rope, sparse_block_size, sparse_mode)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
-    copy_query, copy_rope = not _rows_contiguous(query), query_rope is not None and not _rows_contiguous(query_rope)
-    out_shape, stats = tuple(query.shape), tuple(query.shape[:3])
+    out_dtype, out_shape, stats = query.dtype, tuple(query.shape), tuple(query.shape[:3])
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
              block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
@@ -104,8 +115,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
              key_scale: Tensor | None, value_scale: Tensor | None,
              key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         idx, table = as_int(sparse_indices, idx_dtype), as_int(block_table, table_dtype)
-        q = query.contiguous() if copy_query else query
-        q_rope = query_rope.contiguous() if copy_rope else query_rope
+        q, q_rope = _as_fp32_rows(query), _as_fp32_rows(query_rope)
         starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
         lq, lkv = as_int(actual_seq_lengths_query, lq_dtype), as_int(actual_seq_lengths_kv, lkv_dtype)
         out = torch.empty(*out_shape, dtype=torch.float32)      # sizes as ints: a torch.Size costs ~1.5 us more
@@ -120,7 +130,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
                        0 if paged or key_rope is None else key_rope.stride(0), scale_value, torch.get_num_threads(),
                        out.data_ptr(), smax.data_ptr(), ssum.data_ptr())
         if status == 0:
-            return out, smax, ssum
+            return (out if out_dtype is torch.float32 else out.to(out_dtype)), smax, ssum
         if status == _PADDED_BLOCKS:
             drop_padding(sparse_indices, key_starts, sparse_block_size)      # raises: padding needs block 1
         if status in _BAD_DATA:          # the Python checks raise with their messages

@@ -127,8 +127,39 @@ typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
         _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) *(T *)(s + (r0 + i) * sh->Hp + hb) = acc[i]; \
     } while (0)
 
+/* Two head vectors (hb, hb + VL) of RB / 2 rows k[0..], r[0..] into s_rows[i][hb ..]: per dim two query loads and
+ * RB / 2 broadcasts for RB fused multiply-adds, where LOGITS_BLOCK's one-vector tile loads once per multiply-add
+ * (load-bound on AVX2). */
+static inline __attribute__((always_inline)) void logits_two_vectors(const struct shape *sh, const float *const *k,
+                                                                     const float *const *r, const float *qT,
+                                                                     const float *qrT, int64_t hb, float *s_rows) {
+    vf acc[RB / 2][2] = {{{0}}};
+    for (int64_t d = 0; d < sh->DLp; d++) {
+        vf q0 = vload(qT + d * sh->Hp + hb), q1 = vload(qT + d * sh->Hp + hb + VL);
+#pragma GCC unroll 4
+        for (int i = 0; i < RB / 2; i++) {
+            float kv = k[i][d];
+            acc[i][0] += kv * q0;
+            acc[i][1] += kv * q1;
+        }
+    }
+    for (int64_t d = 0; r && d < sh->DRp; d++) {
+        vf q0 = vload(qrT + d * sh->Hp + hb), q1 = vload(qrT + d * sh->Hp + hb + VL);
+#pragma GCC unroll 4
+        for (int i = 0; i < RB / 2; i++) {
+            float rv = r[i][d];
+            acc[i][0] += rv * q0;
+            acc[i][1] += rv * q1;
+        }
+    }
+    for (int i = 0; i < RB / 2; i++) {
+        vstore(s_rows + i * sh->Hp + hb, acc[i][0]);
+        vstore(s_rows + i * sh->Hp + hb + VL, acc[i][1]);
+    }
+}
+
 /* s[r][h] = krow[r] . qT[:, h] + rrow[r] . qrT[:, h] for r < n and the first Ha heads (rows padded to RB;
- * extra rows give unused logits). */
+ * extra rows give unused logits): pairs of head vectors by logits_two_vectors, an odd one left by LOGITS_BLOCK. */
 static void logits(const struct shape *sh, const float *const *krow, const float *const *rrow, const float *qT,
                    const float *qrT, int64_t n, float *s) {
     for (int64_t r0 = 0; r0 < n; r0 += RB) {
@@ -141,7 +172,12 @@ static void logits(const struct shape *sh, const float *const *krow, const float
             int64_t hb = 0;
             LOGITS_BLOCK(vf8, 8);
         } else {
-            for (int64_t hb = 0; hb < sh->Hp; hb += VL) LOGITS_BLOCK(vf, VL);
+            int64_t hb = 0;
+            for (; hb + 2 * VL <= sh->Hp; hb += 2 * VL)
+                for (int half = 0; half < 2; half++)
+                    logits_two_vectors(sh, k + half * RB / 2, rrow ? r + half * RB / 2 : NULL, qT, qrT, hb,
+                                       s + (r0 + half * RB / 2) * sh->Hp);
+            if (hb < sh->Hp) LOGITS_BLOCK(vf, VL);
         }
     }
 }
