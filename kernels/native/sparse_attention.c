@@ -127,6 +127,21 @@ typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
         _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) *(T *)(s + (r0 + i) * sh->Hp + hb) = acc[i]; \
     } while (0)
 
+/* acc[i][0..1] += rows[i][0:dims] . the two head vectors at hb, hb + VL of the transposed query qT [dims][Hp]. */
+static inline __attribute__((always_inline)) void dots_two_vectors(vf acc[RB / 2][2], const float *const *rows,
+                                                                   const float *qT, int64_t dims, int64_t Hp,
+                                                                   int64_t hb) {
+    for (int64_t d = 0; d < dims; d++) {
+        vf q0 = vload(qT + d * Hp + hb), q1 = vload(qT + d * Hp + hb + VL);
+#pragma GCC unroll 4
+        for (int i = 0; i < RB / 2; i++) {
+            float x = rows[i][d];
+            acc[i][0] += x * q0;
+            acc[i][1] += x * q1;
+        }
+    }
+}
+
 /* Two head vectors (hb, hb + VL) of RB / 2 rows k[0..], r[0..] into s_rows[i][hb ..]: per dim two query loads and
  * RB / 2 broadcasts for RB fused multiply-adds, where LOGITS_BLOCK's one-vector tile loads once per multiply-add
  * (load-bound on AVX2). */
@@ -134,24 +149,8 @@ static inline __attribute__((always_inline)) void logits_two_vectors(const struc
                                                                      const float *const *r, const float *qT,
                                                                      const float *qrT, int64_t hb, float *s_rows) {
     vf acc[RB / 2][2] = {{{0}}};
-    for (int64_t d = 0; d < sh->DLp; d++) {
-        vf q0 = vload(qT + d * sh->Hp + hb), q1 = vload(qT + d * sh->Hp + hb + VL);
-#pragma GCC unroll 4
-        for (int i = 0; i < RB / 2; i++) {
-            float kv = k[i][d];
-            acc[i][0] += kv * q0;
-            acc[i][1] += kv * q1;
-        }
-    }
-    for (int64_t d = 0; r && d < sh->DRp; d++) {
-        vf q0 = vload(qrT + d * sh->Hp + hb), q1 = vload(qrT + d * sh->Hp + hb + VL);
-#pragma GCC unroll 4
-        for (int i = 0; i < RB / 2; i++) {
-            float rv = r[i][d];
-            acc[i][0] += rv * q0;
-            acc[i][1] += rv * q1;
-        }
-    }
+    dots_two_vectors(acc, k, qT, sh->DLp, sh->Hp, hb);
+    if (r) dots_two_vectors(acc, r, qrT, sh->DRp, sh->Hp, hb);
     for (int i = 0; i < RB / 2; i++) {
         vstore(s_rows + i * sh->Hp + hb, acc[i][0]);
         vstore(s_rows + i * sh->Hp + hb + VL, acc[i][1]);
