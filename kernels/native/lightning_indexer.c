@@ -534,6 +534,16 @@ static int64_t row_limit(const struct li_call_args *a, int64_t lq, int64_t lk, i
     return limit < 0 ? 0 : (limit > lk ? lk : limit);
 }
 
+/* Where batch b's keys are under a call's layout: a BSND tensor's rows from its batch offset (key_batch values
+ * apart), a paged cache's through the batch's block-table row. */
+static struct keys batch_keys(const struct li_call_args *a, int64_t b, const void *key, int64_t key_batch,
+                              const int32_t *table) {
+    struct keys k = {(const char *)key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype)), a->key_dtype,
+                     a->key_row, table ? a->block_stride : 0, table ? table + b * a->table_row : NULL,
+                     table ? a->block_size : 1};
+    return k;
+}
+
 /* One batch's query rows: li_row_topk for a decode row (its keys shared by the threads), li_rows_topk for
  * several; limits [lq] scratch. Returns 0, 1 when some row has equal scores at the cut (tie [lq]), -1 out of
  * memory. */
@@ -541,9 +551,7 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
                     int64_t key_batch, const int32_t *table, int64_t lq, int64_t lk, int threads, float *scores,
                     int64_t *limits, int32_t *idx, float *val, int32_t *tie) {
     int64_t item = elem_bytes(a->q_dtype);
-    const char *keys = key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype));
-    const int32_t *row_table = table ? table + b * a->table_row : NULL;
-    int64_t block_stride = table ? a->block_stride : 0, block_size = table ? a->block_size : 1;
+    struct keys k = batch_keys(a, b, key, key_batch, table);
     const char *qb = q + b * a->q_batch * item;
     const float *wb = w + b * a->w_batch;
     for (int64_t t = 0; t < lq; t++) {
@@ -553,13 +561,13 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
     }
     if (lq == 1) {
         if (limits[0] == 0) return 0;
-        int code = li_row_topk(keys, a->key_dtype, a->key_row, block_stride, row_table, block_size, limits[0], qb,
+        int code = li_row_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, limits[0], qb,
                                a->q_dtype, wb, a->heads, a->dim, a->bf16_dot, threads, a->k, scores, idx, val);
         tie[0] = code > 0;
         return code < 0 ? -1 : code > 0;
     }
-    if (li_rows_topk(keys, a->key_dtype, a->key_row, block_stride, row_table, block_size, limits, lq, qb, a->q_dtype,
-                     a->q_row, wb, a->w_row, a->heads, a->dim, a->bf16_dot, threads, a->k, idx, val, tie))
+    if (li_rows_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, limits, lq, qb,
+                     a->q_dtype, a->q_row, wb, a->w_row, a->heads, a->dim, a->bf16_dot, threads, a->k, idx, val, tie))
         return -1;
     int any = 0;
     for (int64_t t = 0; t < lq; t++) any |= tie[t];
@@ -613,16 +621,14 @@ int64_t li_tied_scores(const struct li_call_args *a, const void *q, const float 
     int64_t lq[a->batch], lk[a->batch], item = elem_bytes(a->q_dtype), count = 0;
     int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
-        const char *keys = (const char *)key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype));
-        const int32_t *row_table = table ? table + b * a->table_row : NULL;
+        struct keys k = batch_keys(a, b, key, key_batch, table);
         for (int64_t t = 0; t < lq[b] && status == LI_OK; t++) {
             if (!tie[b * a->s1 + t]) continue;
             int64_t n = row_limit(a, lq[b], lk[b], t);
             float *row = matrix + count * capacity;
             const char *qt = (const char *)q + (b * a->q_batch + t * a->q_row) * item;
-            if (li_scores(keys, a->key_dtype, a->key_row, table ? a->block_stride : 0, row_table,
-                          table ? a->block_size : 1, n, qt, a->q_dtype, w + b * a->w_batch + t * a->w_row, a->heads,
-                          a->dim, a->bf16_dot, threads, row))
+            if (li_scores(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, n, qt, a->q_dtype,
+                          w + b * a->w_batch + t * a->w_row, a->heads, a->dim, a->bf16_dot, threads, row))
                 status = LI_NO_MEMORY;
             for (int64_t s = n; s < capacity; s++) row[s] = -INFINITY;
             rows[count++] = b * a->s1 + t;
