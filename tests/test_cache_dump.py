@@ -85,3 +85,18 @@ def test_a_recompiled_dump_that_differs_in_comment_lines_only_matches(tmp_path):
     for changed in (entry.replace("g(buf0)", "h(buf0)"), entry.replace("<x.h>", "<y.h>")):
         dump_module.dump_matches_entry(report, changed, entry)
         assert report.extra["dump_matches_entry"] is False
+
+
+def test_a_recompiled_dump_whose_values_are_numbered_otherwise_matches(tmp_path):
+    """The same graph traced in another process numbers its FX nodes after the nodes traced before it there
+    (`mul_22` there, `mul_18` here): the names are renumbered by first appearance before the comparison; a
+    different use of the values still counts."""
+    report = GraphReport(name="graph_2", inference=True, target="cpu", dump_folder=str(tmp_path))
+    entry = ("def superkernel_1(self, x_1, mul_22):\n    cat_21 = cat([mul_22, mul_22], -1)\n"
+             "    slice_35 = slice(x_1, 3, 0, 9223372036854775807, 2)\n    return (cat_21, slice_35)\n")
+    again = entry.replace("mul_22", "mul_18").replace("slice_35", "slice_32")
+    dump_module.dump_matches_entry(report, again, entry)
+    assert report.extra["dump_matches_entry"] is True and not (tmp_path / "compiled_again.py").exists()
+    for changed in (again.replace("[mul_18, mul_18]", "[mul_18, x_1]"), again.replace(", 2)", ", 3)")):
+        dump_module.dump_matches_entry(report, changed, entry)
+        assert report.extra["dump_matches_entry"] is False, changed

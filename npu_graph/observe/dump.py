@@ -170,10 +170,20 @@ class GraphDump:
 _COMMENT_LINE = re.compile(r"^[ \t]*# .*$\n?", re.MULTILINE)
 
 
+_NUMBERED_NAME = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)_(\d+)\b")
+
+
 def _code(source: str) -> str:
     """source without its comment lines ("# " at the start: Inductor's note of the FX node names each kernel
-    came from changes with Dynamo's node counters; a C++ `#include` has no space and stays)."""
-    return _COMMENT_LINE.sub("", source)
+    came from changes with Dynamo's node counters; a C++ `#include` has no space and stays), and with every
+    numbered name (`mul_166`, `slice_35`) renumbered by its first appearance: FX numbers a node after the nodes
+    the process traced before, so the same graph traced in another process names its values otherwise."""
+    numbers: dict[str, str] = {}
+
+    def renumbered(match: re.Match[str]) -> str:
+        return numbers.setdefault(match.group(0), f"{match.group(1)}_#{len(numbers)}")
+
+    return _NUMBERED_NAME.sub(renumbered, _COMMENT_LINE.sub("", source))
 
 
 def dump_matches_entry(report: GraphReport, recompiled: str, entry: str) -> None:
