@@ -37,7 +37,6 @@
 #define KV (BK / VL)            /* vectors of one score row */
 #define MAX_DV 256              /* the largest head dims */
 #define MAX_DV_VECTORS (MAX_DV / VL)
-#define LOG2E 1.44269504088896341f
 #define LN2 0.693147180559945309f
 
 struct attention_args {

@@ -236,7 +236,6 @@ int kda_recurrence_states(const float *q, const float *k, const float *e, const 
 
 #define KDA_GROWING_DECAY 2         /* kda_call: some log decay g > 0 (a state that grows) */
 #define DECAY_BLOCK 4096            /* log decays per job of the decay pass */
-#define LOG2E 1.44269504088896341f
 
 /* exp(max(x, floor)) as 2^(x log2 e) (simd.h's exp2_neg): a NaN stays NaN, and x = 0 gives exactly 1. */
 static inline vf decay_of(vf x, vf floor_v) { return exp2_neg(pick(x < floor_v, floor_v, x) * LOG2E); }

@@ -179,6 +179,8 @@ static inline void row_from_f32(void *dst, int dtype, const float *restrict src,
     for (; i < n; i++) store_value(dst, dtype, i, src[i]);
 }
 
+#define LOG2E 1.44269504088896341f     /* exp(x) = 2^(x LOG2E) */
+
 /* 2^x for x <= 0: x = k + f with k an integer and |f| <= 1/2, 2^f by its Taylor polynomial of degree 7 (error
  * below 1e-8, so ~1 ulp from the fp32 arithmetic); below -126 it gives 2^-126 (about 1e-38) rather than 0 and NaN
  * stays NaN. */

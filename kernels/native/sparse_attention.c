@@ -221,13 +221,20 @@ static void softmax_step(const struct shape *sh, float *s, int64_t n, float *m, 
         m[h] = mc[h];
         sum[h] = 0.0f;
     }
-    for (int64_t r = 0; r < n; r++)
-#pragma omp simd
-        for (int64_t h = 0; h < Ha; h++) {
-            float e = exp_neg(s[r * Hp + h] - mc[h]);
-            s[r * Hp + h] = e;
+    const int64_t hv = Ha / VL * VL;     /* heads in whole vectors; the rest (Ha = 8 < VL) one by one */
+    for (int64_t r = 0; r < n; r++) {
+        float *sr = s + r * Hp;
+        for (int64_t h = 0; h < hv; h += VL) {      /* a scalar exp_neg loop: not vectorized by gcc 12 */
+            vf e = exp2_neg((vload(sr + h) - vload(mc + h)) * LOG2E);
+            vstore(sr + h, e);
+            vstore(sum + h, vload(sum + h) + e);
+        }
+        for (int64_t h = hv; h < Ha; h++) {
+            float e = exp_neg(sr[h] - mc[h]);
+            sr[h] = e;
             sum[h] += e;
         }
+    }
     for (int64_t h = 0; h < Ha; h++) l[h] = l[h] * corr[h] + sum[h];
     if (rescale)
         for (int64_t h = 0; h < Ha; h++)
