@@ -32,7 +32,14 @@ from typing import NamedTuple
 import torch
 
 from npu_graph.kernels import dispatch, native, native_prototypes
-from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
+from npu_graph.kernels.checks import (
+    once_per_signature,
+    require,
+    require_dtype,
+    require_rank,
+    require_same,
+    static_checks_needed,
+)
 
 OP = "attn_res"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -51,6 +58,7 @@ class DepthStats(NamedTuple):
     acc: torch.Tensor         # sum of exp(logit - max) * v    [B*T, S, D]
 
 
+@once_per_signature
 def _validate(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
               norm_weight: torch.Tensor | None) -> None:
     require_rank(OP, "blocks", blocks, 4)

@@ -1,8 +1,9 @@
 """Input validation shared by the fused operators: each check raises ValueError naming the argument,
 what was given and what is expected, so a user can fix the call without reading kernel code."""
 import contextlib
+import functools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import torch
 
@@ -79,3 +80,37 @@ def require_divisible(op: str, name: str, size: int, block: int) -> None:
 def require_same(op: str, what: str, a: object, b: object) -> None:
     if a != b:
         raise ValueError(f"{op}: {what} disagree: {a} vs {b}")
+
+
+MAX_SIGNATURES = 4096       # signatures a check remembers as passed (then it starts over)
+
+
+def _signature_of(value: object) -> Hashable:
+    """What a static check reads of one argument: a tensor's shape, dtype and device; any other value itself."""
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.dtype, value.device
+    return value
+
+
+def once_per_signature(check: Callable[..., None]) -> Callable[..., None]:
+    """`check`, a static argument check (it reads its tensors' shapes, dtypes and devices and its other arguments,
+    never tensor data), skipped for a signature of its arguments that passed it before: an op called eagerly
+    repeats one signature call after call, and its checks cost tens of microseconds. Symbolic sizes (a trace) do
+    not hash: those calls are checked every time."""
+    passed: set[Hashable] = set()
+
+    @functools.wraps(check)
+    def checked(*args: object) -> None:
+        try:
+            signature: Hashable | None = tuple(map(_signature_of, args))
+            if signature in passed:
+                return
+        except TypeError:
+            signature = None
+        check(*args)
+        if signature is not None:
+            if len(passed) >= MAX_SIGNATURES:
+                passed.clear()
+            passed.add(signature)
+
+    return checked

@@ -23,13 +23,21 @@ import torch
 import torch.nn.functional as F
 
 from npu_graph.kernels import call_plans, dispatch, fused_moe_native, skinny_mm
-from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same, static_checks_needed
+from npu_graph.kernels.checks import (
+    once_per_signature,
+    require,
+    require_dtype,
+    require_rank,
+    require_same,
+    static_checks_needed,
+)
 
 OP = "fused_moe"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX = (torch.int32, torch.int64)
 
 
+@once_per_signature
 def _validate(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> None:
     for name, t, rank in (("x", x, 2), ("w13", w13, 3), ("w2", w2, 3), ("topk_weights", topk_weights, 2),

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels.checks import (
+    once_per_signature,
     require,
     require_choice,
     require_dtype,
@@ -27,15 +28,6 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2 ** 31 - 1     # the largest position the int32 `sparse_indices` hold
-MAX_SIGNATURES = 4096       # check_static remembers at most this many passed signatures
-_PASSED: set[tuple] = set()
-
-
-def check_dtype(op: str, name: str, t: Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    """require_dtype that formats its message only on failure: str(dtype) costs microseconds, and an op
-    checks several dtypes per call."""
-    if t.dtype not in dtypes:
-        require_dtype(op, name, t, dtypes)
 
 
 @dataclass(frozen=True)
@@ -58,7 +50,7 @@ def check_fp8_scale(op: str, x: Tensor, scale: Tensor | None, x_name: str, scale
                                f"`{x_name}` is {x.dtype}")
         return
     require(scale is not None, f"{op}: float8_e4m3fn `{x_name}` needs `{scale_name}` ({form.what})")
-    check_dtype(op, scale_name, scale, form.dtypes)
+    require_dtype(op, scale_name, scale, form.dtypes)
     d = x.shape[-1]
     require(d % form.group == 0,
             f"{op}: head dim {form.dim}={d} of float8 `{x_name}` is not a multiple of {form.group}")
@@ -70,7 +62,7 @@ def check_fp8_scale(op: str, x: Tensor, scale: Tensor | None, x_name: str, scale
 def check_lengths(op: str, lengths: Tensor | None, name: str, batch: int) -> None:
     if lengths is not None:
         require_rank(op, name, lengths, 1)
-        check_dtype(op, name, lengths, INDEX_DTYPES)
+        require_dtype(op, name, lengths, INDEX_DTYPES)
         require_same(op, f"length of `{name}` and the batch size B", lengths.shape[0], batch)
 
 
@@ -83,44 +75,26 @@ def check_key_layout(op: str, key: Tensor, block_table: Tensor | None, layout: s
         return
     require(block_table is not None, f"{op}: {layout_name}='PA_BSND' needs `block_table` [B, max_blocks]")
     require_rank(op, "block_table", block_table, 2)
-    check_dtype(op, "block_table", block_table, INDEX_DTYPES)
+    require_dtype(op, "block_table", block_table, INDEX_DTYPES)
     require_same(op, "rows of `block_table` and the batch size B", block_table.shape[0], batch)
 
 
+@once_per_signature
 def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
                   actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
                   key_scale: Tensor | None, layout_query: str, layout_key: str, sparse_count: int,
                   sparse_mode: int) -> None:
-    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake). They depend
-    on nothing else, so a signature of shapes, dtypes and options that passed once is not checked again (a decode
-    step repeats one; the checks cost tens of microseconds)."""
-    tensors = (query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, query_scale,
-               key_scale)
-    try:
-        signature = (*(None if t is None else (t.shape, t.dtype) for t in tensors), layout_query, layout_key,
-                     sparse_count, sparse_mode)
-        if signature in _PASSED:
-            return
-    except TypeError:       # symbolic sizes (tracing) do not hash: checked every time
-        signature = None
-    _check_static(*tensors, layout_query, layout_key, sparse_count, sparse_mode)
-    if signature is not None and len(_PASSED) < MAX_SIGNATURES:
-        _PASSED.add(signature)
-
-
-def _check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
-                  actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
-                  key_scale: Tensor | None, layout_query: str, layout_key: str, sparse_count: int,
-                  sparse_mode: int) -> None:
+    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake), so a
+    signature that passed once is not checked again (checks.once_per_signature)."""
     require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
     require_choice(OP, "layout_key", layout_key, LAYOUTS_KEY)
     require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)
     require_positive(OP, "sparse_count", sparse_count)
     for name, t, rank in (("query", query, 4), ("key", key, 4), ("weights", weights, 3)):
         require_rank(OP, name, t, rank)
-    check_dtype(OP, "query", query, INPUT_DTYPES)
-    check_dtype(OP, "key", key, INPUT_DTYPES)
-    check_dtype(OP, "weights", weights, WEIGHT_DTYPES)
+    require_dtype(OP, "query", query, INPUT_DTYPES)
+    require_dtype(OP, "key", key, INPUT_DTYPES)
+    require_dtype(OP, "weights", weights, WEIGHT_DTYPES)
     batch, s1, n1, d = query.shape
     require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
     require_same(OP, "head dim D of `query` and `key`", d, key.shape[3])

@@ -3,7 +3,14 @@ shapes, dtypes and options (nothing that reads tensor data, so the fakes run the
 data, that the log decay g is <= 0."""
 import torch
 
-from npu_graph.kernels.checks import require, require_dtype, require_positive, require_rank, require_same
+from npu_graph.kernels.checks import (
+    once_per_signature,
+    require,
+    require_dtype,
+    require_positive,
+    require_rank,
+    require_same,
+)
 
 OP = "chunk_kda"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -11,6 +18,7 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 FLOOR_EXPONENT = -80.0
 
 
+@once_per_signature
 def validate(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               beta: torch.Tensor, initial_state: torch.Tensor | None, chunk_size: int) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from npu_graph.kernels import call_plans, dispatch, moe_gating_native
 from npu_graph.kernels.checks import (
+    once_per_signature,
     require,
     require_choice,
     require_divisible,
@@ -42,6 +43,7 @@ OP = "moe_gating_top_k"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@once_per_signature
 def _validate(x: torch.Tensor, k: int, bias: torch.Tensor | None, k_group: int, group_count: int,
               group_select_mode: int, renorm: int, norm_type: int) -> None:
     require_rank(OP, "x", x, 2)

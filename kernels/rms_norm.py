@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
-from npu_graph.kernels.checks import require, require_dtype, require_same, static_checks_needed
+from npu_graph.kernels.checks import once_per_signature, require, require_dtype, require_same, static_checks_needed
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHUNK_ELEMS = 1 << 20
@@ -40,6 +40,7 @@ def _rstd_shape(x_shape: torch.Size, gamma_dim: int) -> list[int]:
     return [*x_shape[:len(x_shape) - gamma_dim], *([1] * gamma_dim)]
 
 
+@once_per_signature
 def _check(op: str, x: Tensor, gamma: Tensor, epsilon: float) -> None:
     require_dtype(op, "x", x, FLOAT_DTYPES)
     require_dtype(op, "gamma", gamma, dict.fromkeys((x.dtype, torch.float32)))

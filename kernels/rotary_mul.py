@@ -27,6 +27,7 @@ from torch import Tensor
 
 from npu_graph.kernels import call_plans, dispatch, native, native_prototypes
 from npu_graph.kernels.checks import (
+    once_per_signature,
     require,
     require_choice,
     require_dtype,
@@ -44,6 +45,7 @@ FEW_ELEMS = 1 << 12
 NATIVE_SOURCE = "rotary_mul"
 
 
+@once_per_signature
 def _check(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> None:
     require_choice(OP, "rotary_mode", rotary_mode, MODES)
     for name, t in (("input", input), ("r1", r1), ("r2", r2)):

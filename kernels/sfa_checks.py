@@ -4,8 +4,16 @@ that sparse_indices holds no entry below -1."""
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import require, require_choice, require_positive, require_rank, require_same
-from npu_graph.kernels.indexer_checks import ScaleForm, check_dtype, check_fp8_scale, check_key_layout, check_lengths
+from npu_graph.kernels.checks import (
+    once_per_signature,
+    require,
+    require_choice,
+    require_dtype,
+    require_positive,
+    require_rank,
+    require_same,
+)
+from npu_graph.kernels.indexer_checks import ScaleForm, check_fp8_scale, check_key_layout, check_lengths
 
 OP = "sparse_flash_attention"
 LAYOUTS_QUERY = ("BSND",)
@@ -26,29 +34,31 @@ def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope:
         return
     for name, t in (("query_rope", query_rope), ("key_rope", key_rope)):
         require_rank(OP, name, t, 4)
-        check_dtype(OP, name, t, FLOAT_DTYPES)
+        require_dtype(OP, name, t, FLOAT_DTYPES)
     require_same(OP, "leading dims [B,S1,N1] of `query_rope` and `query`", tuple(query_rope.shape[:3]),
                  tuple(query.shape[:3]))
     require_same(OP, "leading dims of `key_rope` and `key`", tuple(key_rope.shape[:3]), tuple(key.shape[:3]))
     require_same(OP, "rope dim Dr of `query_rope` and `key_rope`", query_rope.shape[3], key_rope.shape[3])
 
 
+@once_per_signature
 def check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, block_table: Tensor | None,
                   actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
                   query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
                   value_scale: Tensor | None, sparse_block_size: int, layout_query: str, layout_kv: str,
                   sparse_mode: int) -> None:
-    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake)."""
+    """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake), so a
+    signature that passed once is not checked again (checks.once_per_signature)."""
     require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
     require_choice(OP, "layout_kv", layout_kv, LAYOUTS_KV)
     require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)
     require_positive(OP, "sparse_block_size", sparse_block_size)
     for name, t in (("query", query), ("key", key), ("value", value), ("sparse_indices", sparse_indices)):
         require_rank(OP, name, t, 4)
-    check_dtype(OP, "query", query, FLOAT_DTYPES)
-    check_dtype(OP, "key", key, KV_DTYPES)
+    require_dtype(OP, "query", query, FLOAT_DTYPES)
+    require_dtype(OP, "key", key, KV_DTYPES)
     require_same(OP, "dtypes of `value` and `key`", value.dtype, key.dtype)
-    check_dtype(OP, "sparse_indices", sparse_indices, INDEX_DTYPES)
+    require_dtype(OP, "sparse_indices", sparse_indices, INDEX_DTYPES)
     batch, s1 = query.shape[:2]
     require(key.shape[2] == 1, f"{OP}: `key` must have one head (N2=1) in dim 2, got shape {tuple(key.shape)}")
     require_same(OP, "head dim Dl of `query` and `key`", query.shape[3], key.shape[3])
