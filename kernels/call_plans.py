@@ -12,12 +12,16 @@ one dictionary lookup and the plan. A signature must hold everything the decisio
 every call that has it). Plans are keyed by the native settings too (`settings()`: ASCEND_DSA_NATIVE, the
 level, the extra compiler flags, and a dispatch measurement's torch path on this thread), so changing them
 takes effect at the next call as before. A plan is stored only once dispatch has a choice for its class
-(`dispatch.known`). While a profiler records, no plan is used: the full path records its events.
+(`dispatch.known`); a provisional choice's plans serve until the choice expires (`clear_all_at`), then every
+plan is made again, from the class measured once more. While a profiler records, no plan is used: the full path
+records its events.
 Argument checks are not cached here (inside a compiled graph the static ones are skipped already); checks on
 data stay in the plans.
 """
 from __future__ import annotations
 
+import heapq
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -29,6 +33,7 @@ from npu_graph.kernels import env_settings, native
 
 MAX_PLANS = 1024        # per op; a full table starts over (a growing cache length makes a signature per step)
 _ALL: list[Plans] = []
+_CLEAR_AT: list[float] = []     # a heap of the times at which every plan is forgotten (clear_all_at)
 
 
 def settings() -> tuple[Any, ...]:
@@ -48,6 +53,8 @@ class Plans:
         """The plan stored for `signature` under the current settings, or None (then take the full path)."""
         if autograd_profiler._is_profiler_enabled:
             return None
+        if _CLEAR_AT and _CLEAR_AT[0] <= time.monotonic():
+            _clear_due()
         return self._plans.get((settings(), signature))
 
     def put(self, signature: Hashable, plan: Callable[..., Any]) -> None:
@@ -84,6 +91,19 @@ def clear_all() -> None:
     """Forget every op's plans: the next call of each signature takes the full path again."""
     for plans in _ALL:
         plans._plans.clear()
+
+
+def clear_all_at(deadline: float) -> None:
+    """Forget every op's plans at `deadline` (time.monotonic()): when a provisional dispatch choice, which plans
+    made until then may hold, expires."""
+    heapq.heappush(_CLEAR_AT, deadline)
+
+
+def _clear_due() -> None:
+    now = time.monotonic()
+    while _CLEAR_AT and _CLEAR_AT[0] <= now:
+        heapq.heappop(_CLEAR_AT)
+    clear_all()
 
 
 def int_dtype(x: Tensor | None) -> torch.dtype | None:

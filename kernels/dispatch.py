@@ -229,6 +229,7 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     if (op, level, cls) not in _provisional and slow < CLOSE * fast:
         _provisional[(op, level, cls)] = (choice.impl, time.monotonic() + REMEASURE_S)
+        call_plans.clear_all_at(_provisional[(op, level, cls)][1])     # the plans made from it go with it
         _used.setdefault(op, set()).add(_labelled(choice.impl, level)[1])
         return result
     _provisional.pop((op, level, cls), None)
@@ -238,12 +239,17 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
 
 
 def known(op: str, cls: tuple) -> str | None:
-    """What `run` takes for this class now without measuring, "native" or "torch"; None until it has run once for
-    the class in this process (kernels/call_plans stores a plan only then)."""
+    """What `run` takes for this class now without measuring, "native" or "torch" (a provisional choice until it
+    expires: kernels/call_plans forgets its plans then); None until it has run once for the class in this process
+    (kernels/call_plans stores a plan only then)."""
     if mode() == "force":
         return "native"
-    found = _known.get((op, cpu_isa.active(), cls))
-    return None if found is None else found[0]
+    level = cpu_isa.active()
+    found = _known.get((op, level, cls))
+    if found is not None:
+        return found[0]
+    pending = _provisional.get((op, level, cls))
+    return pending[0] if pending is not None and time.monotonic() < pending[1] else None
 
 
 def torch_path(fn: Callable[[], T]) -> Callable[[], T]:

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from npu_graph.kernels import dispatch, native
+from npu_graph.kernels import call_plans, dispatch, native
 from npu_graph.kernels.rms_norm import reference_rms_norm
 
 
@@ -19,6 +19,7 @@ def table(monkeypatch, tmp_path):
     monkeypatch.setattr(dispatch, "_table", None)
     monkeypatch.setattr(dispatch, "_known", {})
     monkeypatch.setattr(dispatch, "_provisional", {})
+    monkeypatch.setattr(call_plans, "_CLEAR_AT", [])
     return tmp_path / "dispatch-test.json"
 
 
@@ -68,7 +69,7 @@ def test_a_close_first_measurement_is_provisional_then_measured_again(table, mon
     calls: list = []
     native_fn, torch_fn = counting("native", 0.002, calls), counting("torch", 0.002, calls)
     first = dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn)
-    assert not table.exists() and dispatch.known("op", ("p",)) is None      # no plan stored for the class yet
+    assert not table.exists() and dispatch.known("op", ("p",)) == first     # plans may use it until it expires
     assert dispatch.describe("op", "rms_norm", ("p",))["why"].startswith("provisional")
     calls.clear()
     assert dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn) == first and calls == [first]
@@ -77,6 +78,18 @@ def test_a_close_first_measurement_is_provisional_then_measured_again(table, mon
     second = dispatch.run("op", "rms_norm", ("p",), native_fn, torch_fn)
     assert len(calls) >= 4 and dispatch.known("op", ("p",)) == second
     assert next(iter(json.loads(table.read_text()).values()))["impl"] == second
+
+
+def test_plans_made_from_a_provisional_choice_are_forgotten_when_it_expires(table, monkeypatch):
+    """An op stores a plan from a provisional choice (its calls are one lookup meanwhile); when the choice expires
+    every plan is forgotten, so the next call takes the full path and measures the class again."""
+    plans = call_plans.Plans("op")
+    calls: list = []
+    dispatch.run("op", "rms_norm", ("p",), counting("native", 0.002, calls), counting("torch", 0.002, calls))
+    plans.put("signature", lambda: dispatch.known("op", ("p",)))
+    assert plans.get("signature") is not None
+    monkeypatch.setattr(time, "monotonic", lambda: float("inf"))             # REMEASURE_S later
+    assert plans.get("signature") is None and dispatch.known("op", ("p",)) is None and not call_plans._CLEAR_AT
 
 
 def test_a_later_process_starts_from_the_table(table, monkeypatch):
