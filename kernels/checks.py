@@ -96,7 +96,7 @@ def once_per_signature(check: Callable[..., None]) -> Callable[..., None]:
     """`check`, a static argument check (it reads its tensors' shapes, dtypes and devices and its other arguments,
     never tensor data), skipped for a signature of its arguments that passed it before: an op called eagerly
     repeats one signature call after call, and its checks cost tens of microseconds. Symbolic sizes (a trace) do
-    not hash: those calls are checked every time."""
+    not hash, and a nested tensor has no sizes: those calls are checked every time."""
     passed: set[Hashable] = set()
 
     @functools.wraps(check)
@@ -105,7 +105,7 @@ def once_per_signature(check: Callable[..., None]) -> Callable[..., None]:
             signature: Hashable | None = tuple(map(_signature_of, args))
             if signature in passed:
                 return
-        except TypeError:
+        except (TypeError, RuntimeError):
             signature = None
         check(*args)
         if signature is not None:

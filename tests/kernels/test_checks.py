@@ -46,7 +46,7 @@ def test_a_failing_signature_raises_at_every_call():
     assert len(calls) == 5
 
 
-def test_symbolic_sizes_and_unhashable_arguments_are_checked_every_time():
+def test_symbolic_sizes_nested_tensors_and_unhashable_arguments_are_checked_every_time():
     calls = []
 
     @checks.once_per_signature
@@ -55,10 +55,12 @@ def test_symbolic_sizes_and_unhashable_arguments_are_checked_every_time():
 
     env = ShapeEnv()
     symbolic = env.create_symintnode(env.create_symbol(5, ConstantSource("s0")), hint=5)
+    nested = torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(4, 3)])     # no sizes to key by
     for _ in range(2):
         check(torch.Size([symbolic, 4]))
         check([1, 2])
-    assert len(calls) == 4
+        check(nested)
+    assert len(calls) == 6
 
 
 def test_a_remembered_signature_does_not_let_another_option_through():
