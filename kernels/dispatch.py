@@ -228,8 +228,9 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
         result, choice = _measure(native_fn, torch_fn, prepare)
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     if (op, level, cls) not in _provisional and slow < CLOSE * fast:
-        _provisional[(op, level, cls)] = (choice.impl, time.monotonic() + REMEASURE_S)
-        call_plans.clear_all_at(_provisional[(op, level, cls)][1])     # the plans made from it go with it
+        deadline = time.monotonic() + REMEASURE_S
+        _provisional[(op, level, cls)] = (choice.impl, deadline)
+        call_plans.clear_all_at(deadline)       # the plans made from the provisional choice go with it
         _used.setdefault(op, set()).add(_labelled(choice.impl, level)[1])
         return result
     _provisional.pop((op, level, cls), None)

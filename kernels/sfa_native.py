@@ -22,22 +22,19 @@ NATIVE_SPLIT_ROWS = 256
 
 
 @functools.cache
-def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool]:
-    """(the kernel's entry point with its C signature, whether the build reads fp16)."""
+def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool, bool]:
+    """(the kernel's entry point with its C signature, whether the build reads fp16, whether it has bf16 dot
+    products)."""
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_has_f16")
-    return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16())
+    has_bf16_dot = native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_has_bf16_dot")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16()), bool(has_bf16_dot())
 
 
 def bf16_dot_build() -> bool:
     """Whether the loaded build scores bf16 queries with bf16 dot products (AVX512-BF16), which only the per-batch
     path (sfa_attend) asks for."""
     loaded = native.load(NATIVE_SOURCE)
-    return bool(loaded) and _has_bf16_dot(loaded.lib)
-
-
-@functools.cache
-def _has_bf16_dot(lib: ctypes.CDLL) -> bool:
-    return bool(native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_has_bf16_dot")())
+    return bool(loaded) and _typed_kernel(loaded.lib)[2]
 
 
 def call_entry() -> ctypes._CFuncPtr:
@@ -65,7 +62,7 @@ def native_kernel(key: Tensor, value: Tensor, key_rope: Tensor | None,
     codes = native.DTYPE_CODES
     if not loaded or key.dtype not in codes or (key_rope is not None and key_rope.dtype not in codes):
         return None
-    fn, has_f16 = _typed_kernel(loaded.lib)
+    fn, has_f16, _ = _typed_kernel(loaded.lib)
     if torch.float16 in (key.dtype, None if key_rope is None else key_rope.dtype) and not has_f16:
         return None
     paged = block_table is not None
