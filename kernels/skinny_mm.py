@@ -34,7 +34,7 @@ NATIVE_SOURCE = "skinny_mm"
 MAX_ROWS = 4            # measured: parity with MKL at 8 rows of a [512, 512] weight, 1.3-2.4x faster at 4
 NAME = "_ascend_dsa_skinny_mm"
 _CALL = "torch.ops.aten.mm.default("
-_aten_mm = serial_when_small("mm.default", torch.ops.aten.mm.default)     # products it does not take
+_aten_mm = serial_when_small("mm.default", torch.mm)     # products it does not take (aten.mm's binding: ~1 µs less)
 _F32 = torch.float32
 
 

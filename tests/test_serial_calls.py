@@ -66,3 +66,16 @@ def test_small_products_and_layer_norm_are_listed_with_their_work():
     layer_norm(torch.randn(64, 32))
     one = 1 if threads > 1 else threads
     assert seen == [one, threads, one, one]
+
+
+def test_one_row_products_are_called_as_they_are_under_mkl():
+    """MKL multiplies a single row on the calling thread: such a product skips the thread-count switch; with
+    another BLAS it is switched like any small product."""
+    threads = torch.get_num_threads()
+    seen = []
+    mm = serial_when_small("mm.default", recording(seen))
+    addmm = serial_when_small("addmm.default", recording(seen))
+    mm(torch.randn(1, 64), torch.randn(64, 92))
+    addmm(torch.randn(16), torch.randn(1, 16), torch.randn(16, 16))
+    expected = threads if torch.backends.mkl.is_available() else (1 if threads > 1 else threads)
+    assert seen == [expected, expected]

@@ -22,7 +22,7 @@ import torch.fx
 
 from npu_graph.cache.folder import CorruptEntry
 from npu_graph.cache.key import Uncacheable
-from npu_graph.runtime import streams
+from npu_graph.runtime import streams, view_chains
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.runtime.size_guards import size_at
 
@@ -31,6 +31,7 @@ SAFE_GLOBALS: dict[str, Any] = {
     "_operator": operator, "builtins": builtins, "device": torch.device, "NoneType": type(None),
     "fx_pytree": torch.fx._pytree, "pytree": torch.utils._pytree,
     **{f"npu_graph_streams_{fn.__name__}": fn for fn in streams.EVENT_OPS},
+    "torch__C__dynamo_guards__reinterpret_tensor": view_chains.reinterpret_tensor,
 }
 _SAFE_OUTPUT_TYPES = {"non_alias", "alias_of_input", "is_input"}
 

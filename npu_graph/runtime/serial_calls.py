@@ -30,14 +30,25 @@ def _product_macs(args: tuple[Any, ...]) -> int:
     return math.prod(args[0].shape) * args[1].shape[-1]     # ([B,] M, K) @ ([B,] K, N): [B·]M·K·N
 
 
+# MKL multiplies a single row by a matrix on the calling thread at these sizes: on the 2-core EPYC VM with the
+# other core busy, [1, 64..512] @ [64..512, 64..1024] took the same time with one intra-op thread as with two. Such
+# products are called as they are: switching the thread count costs ~1.4 µs, about half of a decode-sized product.
+_ONE_ROW_ON_CALLER = torch.backends.mkl.is_available()
+
+
+def _mm_macs(args: tuple[Any, ...]) -> int:
+    """[M, K] @ [K, N]: M·K·N, or 0 (nothing that forks) for one row under MKL."""
+    return 0 if _ONE_ROW_ON_CALLER and args[0].shape[0] == 1 else _product_macs(args)
+
+
 def _addmm_macs(args: tuple[Any, ...]) -> int:
-    return _product_macs(args[1:])                           # bias + [M, K] @ [K, N]
+    return _mm_macs(args[1:])                                # bias + [M, K] @ [K, N]
 
 
 # overload -> (its work as the runtime's sizes rule measures it, the largest work run on one thread)
 SERIAL_WHEN_SMALL: dict[str, tuple[Callable[[tuple[Any, ...]], int], int]] = {
     "bmm.default": (_product_macs, SMALL_MACS),
-    "mm.default": (_product_macs, SMALL_MACS),
+    "mm.default": (_mm_macs, SMALL_MACS),
     "addmm.default": (_addmm_macs, SMALL_MACS),
     "native_layer_norm.default": (_first_elements, SMALL_ELEMENTS),
     "_softmax.default": (_first_elements, SMALL_ELEMENTS),
@@ -59,7 +70,7 @@ def serial_when_small(overload: str, fn: Callable[..., Any]) -> Callable[..., An
 
     def call(*args: Any, **kwargs: Any) -> Any:
         threads = torch.get_num_threads()
-        if threads == 1 or work(args) > limit:
+        if threads == 1 or not 0 < work(args) <= limit:     # 0: no work that forks
             return fn(*args, **kwargs)
         torch.set_num_threads(1)
         try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from npu_graph.pass_api import MetaKey
-from npu_graph.runtime import glue_upgrade, inductor_glue, streams, superkernel
+from npu_graph.runtime import glue_upgrade, inductor_glue, streams, superkernel, view_chains
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.runtime.hoist import split_prologue
 from npu_graph.targets.cpu_bindings import bind_source
@@ -48,7 +48,14 @@ def _glue_choice(gm: torch.fx.GraphModule, glue: str) -> tuple[str, str]:
 
 
 def _python_source(gm: torch.fx.GraphModule, rewrap: bool) -> tuple[str, dict, dict]:
-    """The graph as generated Python: one call per node, each SuperKernel region a function `superkernel_N`."""
+    """The graph as generated Python: one call per node, each SuperKernel region a function `superkernel_N`;
+    chains of views are one call each (npu_graph.runtime.view_chains) where the regions run as Python (Dynamo,
+    which compiles them under the other SuperKernel compilers, does not trace that call)."""
+    if gm.meta.get(MetaKey.SUPERKERNEL_COMPILER, "python") == "python":
+        if not rewrap:
+            superkernel.inline(gm)
+            rewrap = True
+        view_chains.collapse(gm)
     if rewrap:
         superkernel.wrap(gm)
     code = gm.graph.python_code(root_module="self")
