@@ -126,10 +126,16 @@ class Backend:
             elif decision == "miss":
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
                 if artifact is not None and self._glue_pending(sink):
-                    # stored once the graph's background glue compile lands, with the glue that then runs
-                    sink["graphs"][0].glue_upgrade.on_landed.append(
-                        lambda upgrade: self._store_landed(found, example_inputs, artifact, upgrade, reports))
-                    reason = f"{reason}; stored once the background glue compile lands"
+                    # stored once the graph's background glue compile lands, with the glue that then runs; at exit
+                    # with the Python glue if the compile never started (the graph ran once)
+                    upgrade = sink["graphs"][0].glue_upgrade
+                    upgrade.on_landed.append(
+                        lambda landed: self._store_landed(found, example_inputs, artifact, landed, reports))
+                    upgrade.at_exit_unstarted.append(lambda: self._store(
+                        found, example_inputs, artifact, reports, "stored at exit with the Python glue: the graph "
+                        "ran once, so its background glue compile never started"))
+                    reason = (f"{reason}; stored once the background glue compile lands (at exit with the Python glue "
+                              "if the graph runs only once)")
                 else:
                     decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
             origin = f"loaded from cache entry {found.key[:12]}" if decision == "hit" else f"compiled, cache {decision}"

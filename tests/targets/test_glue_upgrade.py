@@ -70,6 +70,20 @@ def test_python_glue_first_then_inductor_from_the_worker_and_the_cache(tmp_path,
     assert dumped.reports[0].cache == "hit" and dumped.reports[0].extra["dump_matches_entry"], dumped.reports[0].extra
 
 
+def test_a_graph_that_ran_once_is_stored_at_exit_with_its_python_glue(tmp_path, worth_it):
+    """A script that calls its compiled function once never starts the background compile (it starts at a graph's
+    second call): at exit the cache stores the graph with the Python glue that ran, and the next process hits it."""
+    expected = _norm_chain(*ARGS)
+    torch.testing.assert_close(_run(_backend(tmp_path)), expected)
+    assert not list((tmp_path / "cache").rglob("meta.json")), "stored before exit"
+    glue_upgrade.run_exit_hooks()
+    assert list((tmp_path / "cache").rglob("meta.json")), "not stored at exit"
+    glue_upgrade.run_exit_hooks()                    # each hook runs once
+    hit = _backend(tmp_path, dump_dir=None)
+    torch.testing.assert_close(_run(hit), expected, rtol=1e-5, atol=1e-5)
+    assert hit.reports[0].cache == "hit" and hit.reports[0].extra["runtime"]["glue"] == "python"
+
+
 @pytest.mark.parametrize("reply, reason", [
     ({"source": "", "guards": ["Eq(s0, 4)"]}, "added shape guards (Eq(s0, 4)) that Dynamo no longer checks and this "
                                               "graph cannot check (the guards read sizes no input carries: ['s0'])"),
