@@ -111,9 +111,10 @@ def _written_storages(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     roots = set()
     for node in graph.nodes:
         if _written(node):
-            while (source := _view_input(node, constant_only=False)) is not None:
-                node = source
-            roots.add(node)
+            root = node
+            while (source := _view_input(root, constant_only=False)) is not None:
+                root = source
+            roots.add(root)
     return roots
 
 
