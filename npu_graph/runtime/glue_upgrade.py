@@ -22,6 +22,7 @@ compiled model once starts warm the next time.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import warnings
@@ -89,7 +90,7 @@ def run_exit_hooks() -> None:
     docstring); registered with atexit. A hook that fails is reported and the others still run."""
     for upgrade in list(_PENDING):
         hooks, upgrade.at_exit_unstarted = upgrade.at_exit_unstarted, []
-        for hook in hooks if not upgrade.started else ():
+        for hook in hooks if not upgrade.started and upgrade.pid == os.getpid() else ():    # not a forked copy's
             try:
                 hook()
             except Exception as exc:     # the process is exiting: the entry is only not stored
@@ -117,6 +118,7 @@ class GlueUpgrade:
         self._sources: dict[str, list[Any]] = {}
         self.on_landed: list[Callable[[GlueUpgrade], None]] = []     # run on the worker's thread (the cache's store)
         self.at_exit_unstarted: list[Callable[[], None]] = []         # run at exit if the compile never started
+        self.pid = os.getpid()                                         # ... in the process that compiled the graph
         self._done = threading.Event()
         _PENDING.add(self)                   # complete before wait_all can see it
         glue_worker.WORKER.warm()            # its start overlaps the rest of the first call

@@ -84,6 +84,14 @@ def test_a_graph_that_ran_once_is_stored_at_exit_with_its_python_glue(tmp_path, 
     assert hit.reports[0].cache == "hit" and hit.reports[0].extra["runtime"]["glue"] == "python"
 
 
+def test_a_forked_copy_does_not_store_its_parents_graphs_at_exit(tmp_path, worth_it):
+    torch.testing.assert_close(_run(_backend(tmp_path)), _norm_chain(*ARGS))
+    for upgrade in list(glue_upgrade._PENDING):
+        upgrade.pid = -1                             # as a forked child sees its parent's graphs
+    glue_upgrade.run_exit_hooks()
+    assert not list((tmp_path / "cache").rglob("meta.json"))
+
+
 @pytest.mark.parametrize("reply, reason", [
     ({"source": "", "guards": ["Eq(s0, 4)"]}, "added shape guards (Eq(s0, 4)) that Dynamo no longer checks and this "
                                               "graph cannot check (the guards read sizes no input carries: ['s0'])"),
