@@ -17,8 +17,8 @@ directly or through a view (the tensor reinterpret_tensor makes shares its root'
 counter, which the runtime reads to know when a parameter changed).
 
 Measured on the 2-core EPYC VM (AVX2), transformers' tiny configs with the Python glue, `generate()` of 32 tokens
-(three graphs, one process, alternated): deepseek_v32 80.5 -> 67.2 ms (107-112 views replaced per graph),
-kimi_linear 76.2 -> 67.0 ms.
+(three graphs, one process, alternated): deepseek_v32 74.5 -> 63.0 ms (107-112 views replaced per graph),
+kimi_linear 61.5 -> 53.3 ms.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from npu_graph.passes.streams import deps
 
 reinterpret_tensor = torch._C._dynamo.guards._reinterpret_tensor
 
@@ -62,7 +64,8 @@ def _same_storage(a: object, b: object) -> bool:
 
 def _view_input(node: torch.fx.Node, constant_only: bool = True) -> torch.fx.Node | None:
     """The tensor node `node` is a view of (its first argument; a split's input for a getitem of a split), or
-    None when `node` is not a view op (with constant arguments besides that input, unless not `constant_only`)."""
+    None when `node` is not a view op (with constant arguments besides that input, unless not `constant_only`).
+    Narrower than passes.streams.deps.root's walk (any op returning an alias): these are the views it replays."""
     if node.op != "call_function":
         return None
     call = node
@@ -93,31 +96,6 @@ def _derived(node: torch.fx.Node, source: object) -> object:
     return node.target(source, *node.args[1:], **node.kwargs)
 
 
-def _written(node: torch.fx.Node) -> bool:
-    """Whether an in-place or out= op among node's users writes to it."""
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is None:
-            continue
-        for index, argument in enumerate(schema.arguments):
-            value = user.args[index] if index < len(user.args) else user.kwargs.get(argument.name)
-            if value is node and argument.alias_info is not None and argument.alias_info.is_write:
-                return True
-    return False
-
-
-def _written_storages(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The roots of every value an in-place op writes to: views of them keep their version counter."""
-    roots = set()
-    for node in graph.nodes:
-        if _written(node):
-            root = node
-            while (source := _view_input(root, constant_only=False)) is not None:
-                root = source
-            roots.add(root)
-    return roots
-
-
 def collapse(gm: torch.fx.GraphModule) -> int:
     """Replace each view whose chain has static layouts with one reinterpret_tensor of its root (module
     docstring); returns how many views were replaced. Views that are then unused are removed."""
@@ -125,7 +103,7 @@ def collapse(gm: torch.fx.GraphModule) -> int:
     outputs: set[torch.fx.Node] = set()
     for node in graph.find_nodes(op="output"):
         torch.fx.node.map_arg(node.args, outputs.add)
-    written = _written_storages(graph)
+    written = {root for node in graph.nodes for root in deps.written_roots(node)}    # storages in-place ops write
     chains: dict[torch.fx.Node, tuple[torch.fx.Node, FakeTensor]] = {}     # view -> (root, its value from root's)
     for node in list(graph.nodes):
         source = _view_input(node)
@@ -137,7 +115,8 @@ def collapse(gm: torch.fx.GraphModule) -> int:
             root, source_value = source, source.meta.get("val")
         else:                       # a view left as it is: so are the views of it
             continue
-        if root in written or not isinstance(source_value, FakeTensor) or _static_layout(source_value) is None:
+        if deps.root(root) in written or not isinstance(source_value, FakeTensor) \
+                or _static_layout(source_value) is None:
             continue
         try:
             with source_value.fake_mode:
