@@ -12,11 +12,12 @@ eager torch), returns it as the third output, and normalizes that rounded sum, s
 add_rms_norm(x1, x2, g) gives exactly rms_norm(x1 + x2, g): the fused op can replace the unfused pair
 without changing numbers beyond rms_norm's own tolerance. gamma may be x's dtype or float32.
 
-The CPU implementation walks blocks of rows small enough to stay in cache, so the fp32 copy of a
-bf16/fp16 input and the products exist one block at a time, never for the whole tensor; inputs of at most
-FEW_ROWS_ELEMS values (decode rows) go to a native kernel (kernels/native/rms_norm.c: one pass for the sum of
-squares and one for the output, ~22 -> ~6 us a call) or, without it, to the plain expression, which costs fewer
-calls than the blocks.
+The CPU implementation is the native kernel (kernels/native/rms_norm.c: one pass for the sum of squares and
+one for the output per row, rows split over threads for large inputs; add_rms_norm's sum formed and normalized
+in the same pass) where kernels/dispatch.py measured it faster for the shape class, else torch: inputs of at
+most FEW_ROWS_ELEMS values (decode rows) as the plain expression, larger ones in blocks of rows small enough to
+stay in cache, so the fp32 copy of a bf16/fp16 input and the products exist one block at a time. Measured on an
+AMD EPYC (Zen 4, 2 cores), fp32: a decode row ~22 -> ~6 us; a 512 x 64 prefill block 59 -> ~8 us.
 """
 import ctypes
 import functools
@@ -71,34 +72,84 @@ def _row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
 
 
 @functools.cache
-def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., None], bool]:
+def _typed(lib: ctypes.CDLL) -> tuple[Callable[..., None], Callable[..., None], bool]:
     has_f16 = native_prototypes.typed(lib, NATIVE_SOURCE, "rn_has_f16")
-    return native_prototypes.typed(lib, NATIVE_SOURCE, "rn_rows"), bool(has_f16())
+    return (native_prototypes.typed(lib, NATIVE_SOURCE, "rn_rows"),
+            native_prototypes.typed(lib, NATIVE_SOURCE, "rn_add_rows"), bool(has_f16()))
 
 
-def _native_kernel(x: Tensor) -> Callable[..., None] | None:
-    """The native kernel when it is loaded and reads x (contiguous CPU rows of a dtype it takes), else None."""
+def _native_kernels(*tensors: Tensor) -> tuple[Callable[..., None], Callable[..., None]] | None:
+    """The native kernels (rows, add-then-rows) when the library is loaded and takes every tensor's dtype, on the
+    CPU, else None."""
     loaded = native.load(NATIVE_SOURCE)
-    if not loaded or x.dtype not in native.DTYPE_CODES or not x.is_cpu or not x.is_contiguous():
+    if not loaded or any(t.dtype not in native.DTYPE_CODES or not t.is_cpu for t in tensors):
         return None
-    fn, has_f16 = _typed(loaded.lib)
-    return None if x.dtype == torch.float16 and not has_f16 else fn
+    rows, add_rows, has_f16 = _typed(loaded.lib)
+    return None if tensors[0].dtype == torch.float16 and not has_f16 else (rows, add_rows)
+
+
+def _row_stride(x: Tensor, gamma_dim: int) -> int | None:
+    """The stride between x's rows (its last gamma_dim dims) when each row is contiguous and the rows are evenly
+    spaced (a slice of a wider tensor's last dimension, say), else None: what the native rows kernel reads in
+    place. From sizes and strides alone (fake tensors of any mode ask too)."""
+    sizes, strides, lead = x.shape, x.stride(), x.dim() - gamma_dim
+    n = math.prod(sizes[lead:])
+    if x.is_contiguous():
+        return n
+    expected = 1
+    for size, stride in zip(reversed(sizes[lead:]), reversed(strides[lead:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    row, span = None, 1
+    for size, stride in zip(reversed(sizes[:lead]), reversed(strides[:lead])):
+        if size == 1:
+            continue
+        if row is not None and stride != row * span:
+            return None
+        row, span = (stride, size) if row is None else (row, span * size)
+    return n if row is None else row
 
 
 def _native_plan(fn: Callable[..., None], x: Tensor, gamma: Tensor) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The native kernel's result (module docstring) for calls of x's and gamma's signature: sizes, dtype code
-    and rstd's shape fixed, gamma passed as it is when it is contiguous fp32."""
-    n = gamma.numel()
-    rows, code, rstd_shape = x.numel() // n if n else 0, native.DTYPE_CODES[x.dtype], _rstd_shape(x.shape, gamma.dim())
-    gamma_as_is = gamma.dtype == torch.float32 and gamma.is_contiguous()
+    """The native kernel's result (module docstring) for calls of x's and gamma's signature (x's rows evenly
+    spaced: `_row_stride`): sizes, dtype code and rstd's shape fixed, gamma passed as it is when it is contiguous
+    fp32."""
+    n, code, rstd_shape, gamma_of = _native_settings(x, gamma)
+
+    shape, dtype, rows, x_stride = x.shape, x.dtype, x.numel() // n, _row_stride(x, gamma.dim())
 
     def plan(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        g = gamma if gamma_as_is else gamma.float().reshape(n).contiguous()
-        y, rstd = torch.empty_like(x), torch.empty(rstd_shape, dtype=torch.float32, device="cpu")
-        fn(x.data_ptr(), code, rows, n, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
+        g = gamma_of(gamma)
+        y, rstd = torch.empty(shape, dtype=dtype), torch.empty(rstd_shape, dtype=torch.float32)
+        fn(x.data_ptr(), code, rows, n, x_stride, g.data_ptr(), epsilon, y.data_ptr(), rstd.data_ptr())
         return y, rstd
 
     return plan
+
+
+def _native_add_plan(fn: Callable[..., None], x1: Tensor, gamma: Tensor) -> Callable[..., tuple[Tensor, ...]]:
+    """As _native_plan for add_rms_norm: the kernel writes the rounded sum x as well."""
+    n, code, rstd_shape, gamma_of = _native_settings(x1, gamma)
+
+    def plan(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+        g = gamma_of(gamma)
+        x, y = torch.empty_like(x1), torch.empty_like(x1)
+        rstd = torch.empty(rstd_shape, dtype=torch.float32)
+        fn(x1.data_ptr(), x2.data_ptr(), code, x1.numel() // n, n, g.data_ptr(), epsilon, x.data_ptr(),
+           y.data_ptr(), rstd.data_ptr())
+        return y, rstd, x
+
+    return plan
+
+
+def _native_settings(x: Tensor, gamma: Tensor) -> tuple[int, int, list[int], Callable[[Tensor], Tensor]]:
+    """What a native plan fixes for x's signature: n, the dtype code, rstd's shape and how gamma becomes the
+    kernel's contiguous fp32 [n] (as it is when it already is one)."""
+    n = gamma.numel()
+    as_is = gamma.dtype == torch.float32 and gamma.is_contiguous()
+    return (n, native.DTYPE_CODES[x.dtype], _rstd_shape(x.shape, gamma.dim()),
+            (lambda g: g) if as_is else (lambda g: g.float().reshape(n).contiguous()))
 
 
 def _torch_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -110,49 +161,9 @@ def _torch_few_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, T
     return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
 
 
-def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for decode rows the native kernel reads, else None (also for
-    add_rms_norm, whose sum x1 + x2 has x1's shape and dtype)."""
-    if x.numel() > FEW_ROWS_ELEMS or _native_kernel(x) is None:
-        return None
-    return _shape_class(x, gamma)
-
-
-def _shape_class(x: Tensor, gamma: Tensor) -> tuple:
-    return dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
-
-
-def _signature(x: Tensor, gamma: Tensor) -> tuple:
-    """Everything the few-rows path decides from (kernels/call_plans)."""
-    return x.shape, x.stride(), x.dtype, x.is_cpu, gamma.shape, gamma.stride(), gamma.dtype
-
-
-_PLANS = call_plans.Plans("rms_norm")
-_ADD_PLANS = call_plans.Plans("add_rms_norm")
-
-
-def _rms_norm_few_rows(x: Tensor, gamma: Tensor, epsilon: float, signature: tuple) -> tuple[Tensor, Tensor]:
-    """A handful of rows (decode): the native kernel or the torch arithmetic, whichever kernels/dispatch.py
-    measured faster for this shape class; stores the plan of the choice for x's and gamma's `signature`."""
-    fn = _native_kernel(x)
-    if fn is None:
-        _PLANS.put(signature, _torch_few_rows)
-        return _torch_few_rows(x, gamma, epsilon)
-    cls, native_plan = _shape_class(x, gamma), _native_plan(fn, x, gamma)     # timed as a planned call runs
-    result = dispatch.run("rms_norm", NATIVE_SOURCE, cls, lambda: native_plan(x, gamma, epsilon),
-                          lambda: _torch_few_rows(x, gamma, epsilon))
-    impl = dispatch.known("rms_norm", cls)
-    if impl is not None:
-        _PLANS.put(signature, native_plan if impl == "native" else _torch_few_rows)
-    return result
-
-
-def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+def _torch_blocks(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Blocks of rows small enough to stay in cache (module docstring)."""
     n = gamma.numel()
-    if x.numel() <= FEW_ROWS_ELEMS:
-        signature = _signature(x, gamma)
-        plan = _PLANS.get(signature)
-        return plan(x, gamma, epsilon) if plan is not None else _rms_norm_few_rows(x, gamma, epsilon, signature)
     rows = x.contiguous().view(-1, n)
     gf = gamma.float().reshape(n)
     y = torch.empty_like(rows)
@@ -160,6 +171,91 @@ def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Te
     for start, stop in _row_blocks(rows.shape[0], n):
         _norm_rows(rows[start:stop], gf, epsilon, y[start:stop], rstd[start:stop])
     return y.view(x.shape), rstd.view(_rstd_shape(x.shape, gamma.dim()))
+
+
+def _torch_rows(x: Tensor) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The torch path for x's size: the plain expression for a few rows, else the blocks."""
+    return _torch_few_rows if x.numel() <= FEW_ROWS_ELEMS else _torch_blocks
+
+
+def _add_then_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """x1 + x2 into a new contiguous tensor, then rms_norm's own path for it."""
+    x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
+    return (*_rms_norm_rows(x, gamma, epsilon), x)
+
+
+def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
+    """The shape class kernels/dispatch.py measures for rows the native kernel reads, else None."""
+    if _native_kernels(x) is None or _row_stride(x, gamma.dim()) is None:
+        return None
+    return _shape_class(x, gamma)
+
+
+def add_native_class(x1: Tensor, x2: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
+    """native_class for add_rms_norm, whose kernel reads both summands contiguous."""
+    if _native_kernels(x1, x2) is None or not (x1.is_contiguous() and x2.is_contiguous()):
+        return None
+    return _shape_class(x1, gamma)
+
+
+def _shape_class(x: Tensor, gamma: Tensor) -> tuple:
+    return dispatch.shape_class(x.dtype, x.numel() // max(1, gamma.numel()), gamma.numel())
+
+
+def _signature(x: Tensor, gamma: Tensor) -> tuple:
+    """Everything a call's path is decided from (kernels/call_plans)."""
+    return x.shape, x.stride(), x.dtype, x.is_cpu, gamma.shape, gamma.stride(), gamma.dtype
+
+
+_PLANS = call_plans.Plans("rms_norm")
+_ADD_PLANS = call_plans.Plans("add_rms_norm")
+
+
+def _planned(op: str, plans: call_plans.Plans, signature: tuple, cls: tuple | None, native_plan: Callable | None,
+             torch_plan: Callable, args: tuple) -> tuple[Tensor, ...]:
+    """The native plan or the torch one, whichever kernels/dispatch.py measured faster for the shape class (the
+    torch one where there is no native plan); stores the plan of the choice for `signature`."""
+    if native_plan is None:
+        plans.put(signature, torch_plan)
+        return torch_plan(*args)
+    result = dispatch.run(op, NATIVE_SOURCE, cls, lambda: native_plan(*args), lambda: torch_plan(*args))
+    impl = dispatch.known(op, cls)
+    if impl is not None:
+        plans.put(signature, native_plan if impl == "native" else torch_plan)
+    return result
+
+
+def _rms_norm_rows(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    signature = _signature(x, gamma)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan(x, gamma, epsilon)
+    kernels = _native_kernels(x)
+    native_plan = (None if kernels is None or _row_stride(x, gamma.dim()) is None
+                   else _native_plan(kernels[0], x, gamma))
+    return _planned("rms_norm", _PLANS, signature, _shape_class(x, gamma), native_plan, _torch_rows(x),
+                    (x, gamma, epsilon))
+
+
+def _add_rms_norm_rows(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused native kernel only for a class whose rms_norm runs natively, so that add_rms_norm(x1, x2) stays
+    exactly rms_norm(x1 + x2) whichever path each takes: the kernel sums squares in rms_norm's order. Elsewhere
+    the sum, then rms_norm's path."""
+    signature = (x1.shape, x1.stride(), x2.stride(), x1.dtype, x2.dtype, x1.is_cpu, gamma.shape, gamma.stride(),
+                 gamma.dtype)
+    plan = _ADD_PLANS.get(signature)
+    if plan is not None:
+        return plan(x1, x2, gamma, epsilon)
+    result = _add_then_norm(x1, x2, gamma, epsilon)        # measures rms_norm's class first
+    cls = _shape_class(x1, gamma)
+    kernels = _native_kernels(x1, x2) if x1.is_contiguous() and x2.is_contiguous() else None
+    norm = dispatch.known("rms_norm", cls)
+    if kernels is None or norm == "torch":
+        _ADD_PLANS.put(signature, _add_then_norm)
+    elif norm == "native":
+        return _planned("add_rms_norm", _ADD_PLANS, signature, cls, _native_add_plan(kernels[1], x1, gamma),
+                        _add_then_norm, (x1, x2, gamma, epsilon))
+    return result
 
 
 @torch.library.custom_op("ascend_dsa::rms_norm", mutates_args=())
@@ -190,41 +286,12 @@ def _check_add(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> None:
     require_same("add_rms_norm", "shapes of `x1` and `x2`", tuple(x1.shape), tuple(x2.shape))
 
 
-def _add_few_rows(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float,
-                  signature: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    """x1 + x2 into a new contiguous tensor, then the few-rows rms_norm of it; stores the plan for `signature`
-    once rms_norm has one for the sum's."""
-    x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
-    x_signature = _signature(x, gamma)
-    y, rstd = _rms_norm_rows(x, gamma, epsilon)
-    norm = _PLANS.get(x_signature)
-    if norm is not None:
-        def plan(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-            x = torch.add(x1, x2, out=x1.new_empty(x1.shape))
-            return (*norm(x, gamma, epsilon), x)
-        _ADD_PLANS.put(signature, plan)
-    return y, rstd, x
-
-
 @torch.library.custom_op("ascend_dsa::add_rms_norm", mutates_args=())
 def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
     """x = x1 + x2, then RMSNorm of x: returns (y, rstd, x)."""
     if static_checks_needed():
         _check_add(x1, x2, gamma, epsilon)
-    if x1.numel() <= FEW_ROWS_ELEMS:
-        signature = (x1.shape, x1.stride(), x2.stride(), x1.dtype, x2.dtype, x1.is_cpu, gamma.shape, gamma.stride(),
-                     gamma.dtype)
-        plan = _ADD_PLANS.get(signature)
-        return plan(x1, x2, gamma, epsilon) if plan is not None else _add_few_rows(x1, x2, gamma, epsilon, signature)
-    n = gamma.numel()
-    a, b = x1.contiguous().view(-1, n), x2.contiguous().view(-1, n)
-    gf = gamma.float().reshape(n)
-    x, y = torch.empty_like(a), torch.empty_like(a)
-    rstd = torch.empty(a.shape[0], 1, dtype=torch.float32, device=a.device)
-    for start, stop in _row_blocks(a.shape[0], n):
-        rows = torch.add(a[start:stop], b[start:stop], out=x[start:stop])
-        _norm_rows(rows, gf, epsilon, y[start:stop], rstd[start:stop])
-    return y.view(x1.shape), rstd.view(_rstd_shape(x1.shape, gamma.dim())), x.view(x1.shape)
+    return _add_rms_norm_rows(x1, x2, gamma, epsilon)
 
 
 @add_rms_norm.register_fake

@@ -33,7 +33,7 @@ NATIVE_CLASSES: dict[str, tuple[Callable[..., tuple | None], str]] = {
     "sparse_flash_attention": (sfa.native_class, sfa.NATIVE_SOURCE),
     "chunk_kda": (chunk_kda.native_class, chunk_kda_native.NATIVE_SOURCE),
     "rms_norm": (rms_norm.native_class, rms_norm.NATIVE_SOURCE),
-    "add_rms_norm": (lambda x1, x2, gamma, *a, **k: rms_norm.native_class(x1, gamma), rms_norm.NATIVE_SOURCE),
+    "add_rms_norm": (rms_norm.add_native_class, rms_norm.NATIVE_SOURCE),
     "attn_res": (attn_res.native_class, attn_res.NATIVE_SOURCE),
     "rotary_mul": (rotary_mul.native_class, rotary_mul.NATIVE_SOURCE),
     "moe_gating_top_k": (moe_gating.native_class, moe_gating_native.NATIVE_SOURCE),

@@ -194,10 +194,10 @@ def test_every_call_passes_the_arguments_its_c_function_takes() -> None:
 
 def test_the_call_site_check_catches_a_drift() -> None:
     module = (KERNELS / "rms_norm.py").read_text()
-    extra = module.replace("rows, n, g.data_ptr()", "rows, n, n, g.data_ptr()")
+    extra = module.replace("rows, n, x_stride, g.data_ptr()", "rows, n, n, x_stride, g.data_ptr()")
     renamed = module.replace('"rn_rows"', '"rn_rows_v1"')
     assert extra != module and renamed != module
-    assert any("rn_rows takes 8 arguments, 9 passed" in p
+    assert any("rn_rows takes 9 arguments, 10 passed" in p
                for p in _arity_problems(native_call_sites.find({"rms_norm": extra})))
     assert any("declares no rn_rows_v1" in p for p in _arity_problems(native_call_sites.find({"rms_norm": renamed})))
 
@@ -217,7 +217,7 @@ def test_typed_sets_the_declared_prototype_and_refuses_unknown_names() -> None:
     lib = _FakeLib()
     fn = native_prototypes.typed(lib, "rms_norm", "rn_rows")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    assert fn.argtypes == [ptr, ctypes.c_int, i64, i64, ptr, ctypes.c_float, ptr, ptr] and fn.restype is None
+    assert fn.argtypes == [ptr, ctypes.c_int, i64, i64, i64, ptr, ctypes.c_float, ptr, ptr] and fn.restype is None
     with pytest.raises(PrototypeError, match="declares no exported function rn_missing"):
         native_prototypes.typed(lib, "rms_norm", "rn_missing")
 

@@ -29,8 +29,8 @@ def assert_matches_reference(x, gamma, epsilon=1e-6):
 @pytest.mark.parametrize(("shape", "gamma_shape"), [((4, 64), (64,)), ((2, 3, 128), (128,)), ((2, 3, 128), (3, 128)),
                                                     ((1, 1, 7), (7,)), ((5, 1), (1,)), ((0, 32), (32,)),
                                                     ((70, 512), (512,))])
-@pytest.mark.parametrize(("few_rows_elems", "native_on"), [(0, True), (1 << 30, True), (1 << 30, False)],
-                         ids=["blocked", "few_rows_native", "few_rows_torch"])
+@pytest.mark.parametrize(("few_rows_elems", "native_on"), [(0, True), (0, False), (1 << 30, True), (1 << 30, False)],
+                         ids=["native", "blocked_torch", "few_rows_native", "few_rows_torch"])
 def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, native_on, isa_level, monkeypatch):
     monkeypatch.setattr(rms_module, "FEW_ROWS_ELEMS", few_rows_elems)
     if not native_on:
@@ -39,6 +39,18 @@ def test_fast_matches_reference(dtype, shape, gamma_shape, few_rows_elems, nativ
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     gamma = (torch.rand(gamma_shape, generator=g) + 0.5).to(dtype)
     assert_matches_reference(x, gamma)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("make", [lambda t: t[..., :40], lambda t: t[:, ::2, :40],
+                                  lambda t: t[:, :1, :40].expand(3, 6, 40), lambda t: t.transpose(0, 1)[..., :40]],
+                         ids=["sliced_rows", "every_other_row", "broadcast_row", "transposed"])
+def test_rows_read_in_place_where_evenly_spaced(dtype, make, isa_level):
+    """The native kernel reads a slice of a wider last dimension (an MLA layer's compressed kv) without a copy."""
+    x = make((torch.randn(3, 12, 48) * 2).to(dtype))
+    gamma = (torch.rand(40) + 0.5).to(dtype)
+    assert_matches_reference(x, gamma)
+    assert OPS.rms_norm(x, gamma)[0].is_contiguous()
 
 
 def test_rstd_keeps_the_normalized_dimensions_as_one():
@@ -80,8 +92,8 @@ def test_output_is_invariant_under_power_of_two_scaling(rows, n, shift, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(3, 64), (2, 70, 512)])
-def test_add_rms_norm_equals_rms_norm_of_the_sum(dtype, shape):
+@pytest.mark.parametrize("shape", [(3, 64), (5, 70), (2, 70, 512), (300, 300)])   # vector tails; parallel rows
+def test_add_rms_norm_equals_rms_norm_of_the_sum(dtype, shape, isa_level):
     g = torch.Generator().manual_seed(1)
     x1, x2 = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
     gamma = torch.rand(shape[-1], generator=g).to(dtype)
@@ -158,3 +170,14 @@ def test_outputs_are_contiguous_for_permuted_inputs_as_the_fakes_say(dtype, rows
     torch.library.opcheck(torch.ops.ascend_dsa.rms_norm.default, (x1, gamma, 1e-6))
     torch.library.opcheck(torch.ops.ascend_dsa.add_rms_norm.default, (x1, x2, gamma, 1e-6))
     torch.library.opcheck(torch.ops.ascend_dsa.add_rms_norm.default, (x1.contiguous(), x2, gamma, 1e-6))
+
+
+def test_native_class_reads_layouts_of_fake_tensors():
+    """The compile report asks for the class of a sliced x with the graph's fake tensors (another fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(1, 16, 48)[..., :40]
+        gamma = torch.empty(40)
+    assert rms_module.native_class(x, gamma) == rms_module.native_class(torch.empty(1, 16, 48)[..., :40],
+                                                                         torch.empty(40))
+    assert rms_module._row_stride(x, 1) == 48 and rms_module._row_stride(torch.empty(4, 6).t(), 1) is None
