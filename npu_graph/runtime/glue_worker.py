@@ -55,6 +55,8 @@ class GlueWorker:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._pid = os.getpid()
+        self._exiting = False      # set at the owner's exit: a compile still queued then starts no new child
+
 
     def _started(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None or self._pid != os.getpid():
@@ -66,12 +68,14 @@ class GlueWorker:
             atexit.register(self._stop, self._process, self._pid)
         return self._process
 
-    @staticmethod
-    def _stop(process: subprocess.Popen, owner: int) -> None:
+    def _stop(self, process: subprocess.Popen, owner: int) -> None:
         """Kill the child (a compile that has not landed is dropped) and close its pipes; in the process that
-        started it only (a forked copy exiting leaves its parent's worker alone)."""
+        started it only (a forked copy exiting leaves its parent's worker alone). Later requests get an error
+        instead of a new child: a graph's compile thread still waiting for the worker would otherwise start one
+        that outlives this process."""
         if os.getpid() != owner:
             return
+        self._exiting = True
         process.kill()
         process.wait()
         process.stdin.close()
@@ -86,6 +90,8 @@ class GlueWorker:
     def compile(self, payload: bytes) -> dict[str, Any]:
         """{"source": ..., "guards": [...]} or {"error": ...}."""
         with self._lock:
+            if self._exiting and self._pid == os.getpid():
+                return {"error": "the process is exiting"}
             process = self._started()
             try:
                 _send(process.stdin, payload)
@@ -135,7 +141,10 @@ def main() -> None:
             reply = _compile_in_child(payload)
         except Exception as exc:      # the parent keeps the Python glue and reports why
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        _send(replies, pickle.dumps(reply))
+        try:
+            _send(replies, pickle.dumps(reply))
+        except BrokenPipeError:     # the parent is gone (it stops this process at its exit): nothing to tell
+            return
 
 
 if __name__ == "__main__":

@@ -188,11 +188,22 @@ def test_a_forked_process_gets_a_worker_of_its_own():
         code = 1
         try:
             reply = glue_worker.WORKER.compile(b"y")
-            glue_worker.GlueWorker._stop(parents, parent_pid)    # what the fork's exit runs: not its worker
+            glue_worker.WORKER._stop(parents, parent_pid)    # what the fork's exit runs: not its worker
             code = 0 if "error" in reply and glue_worker.WORKER._process is not parents else 1
-            glue_worker.GlueWorker._stop(glue_worker.WORKER._process, os.getpid())
+            glue_worker.WORKER._stop(glue_worker.WORKER._process, os.getpid())
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert parents.poll() is None and "error" in glue_worker.WORKER.compile(b"z")
+
+
+def test_a_compile_queued_at_exit_starts_no_new_worker():
+    """At exit the worker is stopped while other graphs' compile threads may still wait for it: they get an error,
+    not a new child that would outlive the process (and print a broken pipe when it replies)."""
+    worker = glue_worker.GlueWorker()
+    worker.warm()
+    first = worker._process
+    worker._stop(first, os.getpid())               # what the process's exit runs
+    reply = worker.compile(b"queued")
+    assert reply == {"error": "the process is exiting"} and worker._process is first and first.poll() is not None
