@@ -216,7 +216,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "layout.nz": ("auto", "off"),
     "superkernel.enabled": (True, False),
     "superkernel.compiler": ("auto", "python", "inductor", "measured"),
-    "cpu.glue": ("auto", "python", "inductor"),
+    "cpu.glue": ("auto", "python", "inductor", "background"),
     "cache.enabled": (True, False),
     "verify.enabled": (True, False),
     "experimental_config.frozen_parameter": (True, False),

@@ -25,6 +25,7 @@ carries the C++ of its kernels, so a compile-cache entry holding it is self-cont
 from __future__ import annotations
 
 import re
+import threading
 from statistics import median
 
 import torch
@@ -83,6 +84,38 @@ def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
     return True, f"{len(sizes)} ATen calls, median result {middle:.0f} values (<= {SMALL_NODE_ELEMENTS})"
 
 
+_VEC_ISA_CHECK: list[threading.Thread] = []
+
+
+def _check_vec_isa() -> None:
+    from torch._inductor import cpu_vec_isa
+    try:
+        cpu_vec_isa.valid_vec_isa_list()
+    except Exception:       # the compile that needs the list computes it again and reports what fails
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+
+
+def warm_vec_isa() -> None:
+    """Start Inductor's check of the vector instruction sets its C++ may use on a daemon thread, once per process.
+    With an empty Inductor cache the check builds a test library per set (~9 s of g++ on a 2-core machine; both
+    this process's and the glue worker's compiles then find them on disk), and Inductor does it at the first
+    compile that needs it: started with the first graph, it overlaps the tracing of the next ones. The list is
+    what Inductor computes for itself (the user's own Inductor compiles use it too)."""
+    if not _VEC_ISA_CHECK:
+        _VEC_ISA_CHECK.append(threading.Thread(target=_check_vec_isa, name="ascend-dsa-vec-isa", daemon=True))
+        _VEC_ISA_CHECK[0].start()
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule) -> bool:
+    """Whether an input of gm has a symbolic value, size or stride: a graph Dynamo made, after a recompile, to serve
+    every later size (a generate() loop's decode steps), as against one traced for the sizes of one call."""
+    def symbolic(value: object) -> bool:
+        if isinstance(value, torch.SymInt):
+            return True
+        return isinstance(value, Tensor) and any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
+    return any(symbolic(node.meta.get("val")) for node in gm.graph.find_nodes(op="placeholder"))
+
+
 def _rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     y, rstd = reference_rms_norm(x, gamma, epsilon)
     return y.contiguous(), rstd                 # the op's layout (its fake): the graph's later views rely on it
@@ -120,6 +153,8 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
 
     if gm.graph.find_nodes(op="get_attr"):
         raise ValueError("the graph reads attributes; lift them into inputs before Inductor compiles it")
+    for check in _VEC_ISA_CHECK:        # one computation of the list, not two side by side
+        check.join()
     gm.graph.eliminate_dead_code()
     gm.recompile()
     sources: list[str] = []

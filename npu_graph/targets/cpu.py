@@ -37,13 +37,19 @@ def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _glue_choice(gm: torch.fx.GraphModule, glue: str) -> tuple[str, str]:
-    """What runs the glue of gm (after hoisting): "python", "inductor" (compiled now) or "background" (the Python
-    form first, Inductor's compiled on a background thread: npu_graph.runtime.glue_upgrade); and why."""
+    """What runs the glue of gm (after hoisting): "python", "inductor" (compiled now; "now" under "auto", where
+    a failed compile leaves the Python form) or "background" (the Python form first, Inductor's compiled on a
+    background thread: npu_graph.runtime.glue_upgrade); and why. Under "auto" a graph worth compiling whose sizes
+    are symbolic is compiled now: it is the graph every later step of a generate() loop runs, and the rounds right
+    after a first call would otherwise run its Python form while its compile competes with them for the cores
+    (option "background" sends it to the background too: the shortest first call)."""
     if glue == "python":
         return "python", "option cpu.glue='python'"
     if glue == "inductor":
         return "inductor", "option cpu.glue='inductor'"
     worth, reason = inductor_glue.worth_compiling(gm)
+    if worth and glue == "auto" and inductor_glue.symbolic_inputs(gm):
+        return "now", f"{reason}; symbolic sizes (the graph for every later size): compiled with the graph"
     return ("background" if worth else "python"), reason
 
 
@@ -99,11 +105,12 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
     """Generated source for the graph; with `param_indices`, parameter-only work goes into a `prologue`
     function that the runtime runs once per parameter version (npu_graph.runtime.hoist), or once and never checks
     again with `frozen_parameters` (FROZEN_PARAMETERS in the source: torchair's frozen_parameter).
-    `glue` ("python", "inductor" or "auto") says what runs the graph after hoisting: Python, one call per node,
-    with SuperKernel regions as functions `superkernel_N`; or Inductor's generated module
+    `glue` ("python", "inductor", "auto" or "background") says what runs the graph after hoisting: Python, one call
+    per node, with SuperKernel regions as functions `superkernel_N`; or Inductor's generated module
     (npu_graph.runtime.inductor_glue; GLUE = 'inductor' at the top of the source), regions not formed. "auto" gives
-    a graph worth it Inductor's glue through a background compile (npu_graph.runtime.glue_upgrade): the graph runs
-    its Python form until that lands. The CompiledGraph's `glue` says which runs, its `glue_reason` why.
+    a graph worth it Inductor's glue: now when its sizes are symbolic (`_glue_choice`), else through a background
+    compile (npu_graph.runtime.glue_upgrade), the graph running its Python form until that lands; "background"
+    takes that path for symbolic graphs too. The CompiledGraph's `glue` says which runs, its `glue_reason` why.
     Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
     streams.drop_host_events(gm)
     prologue, used = None, []
@@ -114,10 +121,17 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
         prologue, used = split_prologue(gm, list(param_indices))
     pro = _Prologue.of(prologue, frozen_parameters)
     choice, reason = _glue_choice(gm, glue)
-    if choice == "inductor":
-        compiled = CompiledGraph(name, *pro.around(inductor_glue.compile_forward(_graph_copy(gm)), {}, {}, True),
-                                 tuple(used))
-    else:
+    if choice != "python":
+        inductor_glue.warm_vec_isa()
+    if choice in ("inductor", "now"):
+        try:
+            compiled = CompiledGraph(name, *pro.around(inductor_glue.compile_forward(_graph_copy(gm)), {}, {}, True),
+                                     tuple(used))
+        except Exception as exc:
+            if choice == "inductor":
+                raise
+            choice, reason = "python", f"{reason}; Inductor could not take it ({type(exc).__name__}: {exc})"
+    if choice in ("python", "background"):
         copy = _graph_copy(gm) if choice == "background" else None    # before the Python form rewraps regions
         source, globals_, attributes = _python_source(gm, rewrap=opened)
         compiled = CompiledGraph(name, *pro.around(source, globals_, attributes, False), tuple(used))

@@ -151,7 +151,7 @@ def test_guards_the_compile_adds_are_checked_by_the_graph_and_kept_by_the_cache(
         return lambda inputs: checked.append(holds(inputs)) or checked[-1]
 
     monkeypatch.setattr(size_guards, "guard_check", noted_check)
-    backend = _backend(tmp_path)
+    backend = _backend(tmp_path, cpu_glue="background")      # "auto" compiles a symbolic graph's glue at once
     compiled = torch.compile(_norm_chain, backend=backend, dynamic=True)
     small, large = (torch.randn(5, 4, 32), *ARGS[1:]), (torch.randn(6, 4, 32), *ARGS[1:])
     with torch.no_grad():
@@ -162,7 +162,7 @@ def test_guards_the_compile_adds_are_checked_by_the_graph_and_kept_by_the_cache(
     runtime = backend.reports[0].extra["runtime"]
     assert checked == [True, False] and len(backend.reports) == 1, (checked, runtime)
     assert "runs where its shape guards (" in runtime["glue_reason"] and f"{rows[0]} <= 5)" in runtime["glue_reason"]
-    hit = _backend(tmp_path, dump_dir=None)
+    hit = _backend(tmp_path, dump_dir=None, cpu_glue="background")
     with torch.no_grad():
         torch.compile(_norm_chain, backend=hit, dynamic=True)(*small)
     assert hit.reports[0].cache == "hit" and hit.reports[0].extra["runtime"]["glue"] == "inductor"
@@ -207,3 +207,31 @@ def test_a_compile_queued_at_exit_starts_no_new_worker():
     worker._stop(first, os.getpid())               # what the process's exit runs
     reply = worker.compile(b"queued")
     assert reply == {"error": "the process is exiting"} and worker._process is first and first.poll() is not None
+
+
+def test_auto_compiles_a_symbolic_graphs_glue_with_the_graph(tmp_path, worth_it):
+    """Under "auto" the graph Dynamo made for every later size runs Inductor's glue from its first call; a static
+    graph starts on its Python glue (the test above)."""
+    backend = _backend(tmp_path)
+    compiled = torch.compile(_norm_chain, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 6):
+            args = (torch.randn(rows, 4, 32), *ARGS[1:])
+            torch.testing.assert_close(compiled(*args), _norm_chain(*args), rtol=1e-5, atol=1e-5)
+    runtime = backend.reports[0].extra["runtime"]
+    assert len(backend.reports) == 1 and runtime["glue"] == "inductor", runtime
+    assert "symbolic sizes" in runtime["glue_reason"] and "compiled with the graph" in runtime["glue_reason"]
+
+
+def test_auto_keeps_the_python_glue_where_inductor_cannot_take_a_symbolic_graph(tmp_path, worth_it, monkeypatch):
+    def refuse(gm):
+        raise inductor_glue.GlueUnsupported("outputs of kind ['alias_of_input'] are rebuilt")
+
+    monkeypatch.setattr(inductor_glue, "compile_forward", refuse)
+    backend = _backend(tmp_path)
+    args = (torch.randn(5, 4, 32), *ARGS[1:])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(_norm_chain, backend=backend, dynamic=True)(*args),
+                                   _norm_chain(*args), rtol=1e-5, atol=1e-5)
+    runtime = backend.reports[0].extra["runtime"]
+    assert runtime["glue"] == "python" and "Inductor could not take it (GlueUnsupported" in runtime["glue_reason"]
