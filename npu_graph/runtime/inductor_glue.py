@@ -43,6 +43,12 @@ from npu_graph.runtime import glue_layouts
 # graphs have 50-56 calls and llama's prefill 62, whose Python glue cost them 0.7-0.9x Inductor's speed under 64.
 MIN_GLUE_NODES = 32
 SMALL_NODE_ELEMENTS = 8192
+# ... and compiles it with the graph (not in the background) for a symbolic graph of at least NOW_MIN_GLUE_NODES
+# calls. Tiny decode graphs on the 2-core Zen 4: deepseek_v32's 155 calls ran generate() at 40.0 ms with the
+# Python glue, 29-30 ms with Inductor's (Inductor: 32.4-32.7 ms), so the rounds right after a first generate()
+# were 0.88x Inductor's speed until a background compile landed; llama's 68 calls 26.4 vs 22.2 ms and qwen3_moe's
+# 54 calls 30.6 vs 27.3 ms, where the compile's ~9 s would double a first generate() of ~8 s.
+NOW_MIN_GLUE_NODES = 96
 
 _AOT_ID = re.compile(r"^# AOT ID: .*\n", re.MULTILINE)
 
@@ -71,17 +77,28 @@ def _check_plain(meta: object) -> None:
                               "autograd's runtime wrapper")
 
 
-def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
-    """Whether "auto" gives gm's glue to Inductor (MIN_GLUE_NODES, SMALL_NODE_ELEMENTS), and why."""
+def _aten_result_sizes(gm: torch.fx.GraphModule) -> list[int]:
     values = [node.meta.get("val") for node in gm.graph.nodes
               if node.op == "call_function" and getattr(node.target, "namespace", None) == "aten"]
-    sizes = [numel(value) for value in values if isinstance(value, torch.Tensor)]
+    return [numel(value) for value in values if isinstance(value, torch.Tensor)]
+
+
+def worth_compiling(gm: torch.fx.GraphModule) -> tuple[bool, str]:
+    """Whether "auto" gives gm's glue to Inductor (MIN_GLUE_NODES, SMALL_NODE_ELEMENTS), and why."""
+    sizes = _aten_result_sizes(gm)
     if len(sizes) < MIN_GLUE_NODES:
         return False, f"{len(sizes)} ATen calls (< {MIN_GLUE_NODES})"
     middle = median(sizes)
     if middle > SMALL_NODE_ELEMENTS:
         return False, f"median ATen result of {middle:.0f} values (> {SMALL_NODE_ELEMENTS}): the calls do real work"
     return True, f"{len(sizes)} ATen calls, median result {middle:.0f} values (<= {SMALL_NODE_ELEMENTS})"
+
+
+def compile_now(gm: torch.fx.GraphModule) -> bool:
+    """Whether "auto" compiles the glue of gm (worth compiling) with the graph rather than in the background: its
+    sizes are symbolic (`symbolic_inputs`: the graph of every later decode step) and its Python glue makes at least
+    NOW_MIN_GLUE_NODES ATen calls a step."""
+    return symbolic_inputs(gm) and len(_aten_result_sizes(gm)) >= NOW_MIN_GLUE_NODES
 
 
 _VEC_ISA_CHECK: list[threading.Thread] = []

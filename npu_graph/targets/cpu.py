@@ -40,15 +40,16 @@ def _glue_choice(gm: torch.fx.GraphModule, glue: str) -> tuple[str, str]:
     """What runs the glue of gm (after hoisting): "python", "inductor" (compiled now; "now" under "auto", where
     a failed compile leaves the Python form) or "background" (the Python form first, Inductor's compiled on a
     background thread: npu_graph.runtime.glue_upgrade); and why. Under "auto" a graph worth compiling whose sizes
-    are symbolic is compiled now: it is the graph every later step of a generate() loop runs, and the rounds right
-    after a first call would otherwise run its Python form while its compile competes with them for the cores
-    (option "background" sends it to the background too: the shortest first call)."""
+    are symbolic and whose Python glue makes many calls (inductor_glue.compile_now) is compiled now: it is the
+    graph every later step of a generate() loop runs, and the rounds right after a first call would otherwise run
+    its Python form while its compile competes with them for the cores (option "background" sends it to the
+    background too: the shortest first call)."""
     if glue == "python":
         return "python", "option cpu.glue='python'"
     if glue == "inductor":
         return "inductor", "option cpu.glue='inductor'"
     worth, reason = inductor_glue.worth_compiling(gm)
-    if worth and glue == "auto" and inductor_glue.symbolic_inputs(gm):
+    if worth and glue == "auto" and inductor_glue.compile_now(gm):
         return "now", f"{reason}; symbolic sizes (the graph for every later size): compiled with the graph"
     return ("background" if worth else "python"), reason
 

@@ -209,9 +209,10 @@ def test_a_compile_queued_at_exit_starts_no_new_worker():
     assert reply == {"error": "the process is exiting"} and worker._process is first and first.poll() is not None
 
 
-def test_auto_compiles_a_symbolic_graphs_glue_with_the_graph(tmp_path, worth_it):
-    """Under "auto" the graph Dynamo made for every later size runs Inductor's glue from its first call; a static
-    graph starts on its Python glue (the test above)."""
+def test_auto_compiles_a_symbolic_graphs_glue_with_the_graph(tmp_path, worth_it, monkeypatch):
+    """Under "auto" the graph Dynamo made for every later size runs Inductor's glue from its first call where its
+    Python glue would make many calls; a static graph starts on its Python glue (the test above)."""
+    monkeypatch.setattr(inductor_glue, "NOW_MIN_GLUE_NODES", 1)
     backend = _backend(tmp_path)
     compiled = torch.compile(_norm_chain, backend=backend, dynamic=True)
     with torch.no_grad():
@@ -224,6 +225,8 @@ def test_auto_compiles_a_symbolic_graphs_glue_with_the_graph(tmp_path, worth_it)
 
 
 def test_auto_keeps_the_python_glue_where_inductor_cannot_take_a_symbolic_graph(tmp_path, worth_it, monkeypatch):
+    monkeypatch.setattr(inductor_glue, "NOW_MIN_GLUE_NODES", 1)
+
     def refuse(gm):
         raise inductor_glue.GlueUnsupported("outputs of kind ['alias_of_input'] are rebuilt")
 
@@ -235,3 +238,12 @@ def test_auto_keeps_the_python_glue_where_inductor_cannot_take_a_symbolic_graph(
                                    _norm_chain(*args), rtol=1e-5, atol=1e-5)
     runtime = backend.reports[0].extra["runtime"]
     assert runtime["glue"] == "python" and "Inductor could not take it (GlueUnsupported" in runtime["glue_reason"]
+
+
+def test_a_symbolic_graph_of_few_calls_compiles_in_the_background(tmp_path, worth_it):
+    backend = _backend(tmp_path)
+    with torch.no_grad():
+        torch.compile(_norm_chain, backend=backend, dynamic=True)(torch.randn(5, 4, 32), *ARGS[1:])
+    runtime = backend.reports[0].extra["runtime"]
+    assert runtime["glue"] == "python" and "symbolic sizes" not in runtime["glue_reason"], runtime
+    assert glue_upgrade.wait_all(timeout=600)
