@@ -7,17 +7,33 @@ windows=True)` finds those starts (and checks them) from the model's mask; `ligh
 torch_npu's ops have no counterpart, so the NPU target's description does not ask for them):
 
 - the indexer scores each padded row against its keys from key_starts[b] on (a view, no copy) and shifts the
-  selected positions back, so padding is never selected;
+  selected positions back, so padding is never selected; where scores tie at the k-th key, the native path ranks
+  the row as wide as an eager model's masked score row, the padding first (`leading_masked_keys`), so that
+  torch.topk picks among equal scores as it does in the eager model;
 - sparse attention skips selected positions before key_starts[b], as it skips -1.
 
 Rows without padding (all starts 0, the usual case) take the operators' ordinary paths unchanged.
 """
+import threading
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from npu_graph.kernels.checks import FusedPreconditionError, require
+
+
+class _Lead(threading.local):
+    keys = 0        # a class default: a missing thread-local attribute costs an exception inside getattr
+
+
+_LEAD = _Lead()
+
+
+def leading_masked_keys() -> int:
+    """The masked keys before the keys the running indexer call sees: a left-padded row's padding while
+    `indexer_by_row` scores it, else 0."""
+    return _LEAD.keys
 
 
 def has_padding(key_starts: Tensor | None) -> bool:
@@ -54,9 +70,14 @@ def indexer_by_row(indexer: Callable[..., tuple[Tensor, Tensor]], query: Tensor,
     indices, values = [], []
     for b, start in enumerate(starts):
         rows = slice(b, b + 1)
-        idx, val = indexer(query[rows], key[rows, start:], weights[rows], lq[rows], (lk[rows] - start).clamp_min(0),
-                           None, None if query_scale is None else query_scale[rows],
-                           None if key_scale is None else key_scale[rows, start:], **options)
+        _LEAD.keys = start
+        try:
+            idx, val = indexer(query[rows], key[rows, start:], weights[rows], lq[rows],
+                               (lk[rows] - start).clamp_min(0), None,
+                               None if query_scale is None else query_scale[rows],
+                               None if key_scale is None else key_scale[rows, start:], **options)
+        finally:
+            _LEAD.keys = 0
         indices.append(torch.where(idx >= 0, idx + start, idx))
         values.append(val)
     return torch.cat(indices), torch.cat(values)

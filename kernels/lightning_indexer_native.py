@@ -22,6 +22,7 @@ from torch import Tensor
 
 from npu_graph.kernels import native, native_prototypes
 from npu_graph.kernels.call_plans import as_int, int_dtype
+from npu_graph.kernels.key_windows import leading_masked_keys
 from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "lightning_indexer"
@@ -199,15 +200,20 @@ def _settle_ties(tied_scores: Callable[..., int], operands: tuple, place_rows: C
     the score matrix an eager model masks: li_tied_scores (`tied_scores`, with the call's `operands`) scores them
     again into one [rows, width] matrix whose masked keys are -inf (width: the keys the layout holds), one topk
     keeps k of each, and li_place_rows (`place_rows`) writes them into the outputs. torch.topk's choice among equal
-    scores depends on the row's length, so a row is as long as the eager model's, not as its visible keys. Returns
-    the kernel's status (0: settled)."""
+    scores depends on the row's length, so a row is as long as the eager model's, not as its visible keys (a
+    left-padded row's padding, key_windows.leading_masked_keys, comes first as -inf). Returns the kernel's status
+    (0: settled)."""
     k = indices.shape[3]
     matrix = torch.empty(ties.numel(), width)
     rows = torch.empty(ties.numel(), dtype=torch.int64)
     count = tied_scores(*operands, ties.data_ptr(), matrix.data_ptr(), rows.data_ptr())
     if count < 0:
         return -count
-    top = _TOPK(matrix[:count], k)
-    place_rows(rows.data_ptr(), count, k, top.values.data_ptr(), top.indices.data_ptr(), indices.data_ptr(),
+    scores, lead = matrix[:count], leading_masked_keys()
+    if lead:                  # a left-padded row: its padding comes first in the eager model's row
+        scores = torch.cat([scores.new_full((count, lead), float("-inf")), scores], dim=1)
+    top = _TOPK(scores, k)
+    positions = top.indices - lead if lead else top.indices       # a selected pad has value -inf: placed as -1
+    place_rows(rows.data_ptr(), count, k, top.values.data_ptr(), positions.data_ptr(), indices.data_ptr(),
                values.data_ptr())
     return 0

@@ -153,3 +153,28 @@ def test_tied_rows_of_a_batch_are_settled_over_the_layouts_keys(monkeypatch, pag
             want = row.topk(k)
             want = want.indices.int().masked_fill(want.values == float("-inf"), -1)
             assert torch.equal(got[b, t, 0].sort().values, want.sort().values), (b, t)
+
+
+@pytest.mark.skipif(not LOADED, reason=WHY)
+def test_tied_left_padded_rows_are_settled_over_the_eager_row_with_the_padding_first(monkeypatch):
+    """A left-padded batch (key_starts) whose rows tie at the cut: each row is ranked as transformers' deepseek_v32
+    ranks it, topk over the whole cache row with the padding and the causal future at -inf (the padding first, so
+    torch.topk meets the ties where the eager model's row has them), not over the row's visible keys alone."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    g = torch.Generator().manual_seed(7)
+    seq, k, starts = 40, 8, [0, 9, 23]
+    query = -torch.rand(3, seq, 4, 16, generator=g)
+    key = torch.rand(3, seq, 1, 16, generator=g)
+    key[:, torch.randperm(seq, generator=g)[:6]] *= -1                        # these score above 0
+    weights = torch.rand(3, seq, 4, generator=g) + 0.5
+    got = OP(query, key, weights, None, None, None, None, None, torch.tensor(starts, dtype=torch.int32),
+             sparse_count=k, sparse_mode=3)[0]
+    scores = (torch.relu(torch.einsum("bshd,btd->bsht", query, key[:, :, 0])) * weights[..., None]).sum(2)
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    for b, start in enumerate(starts):
+        visible = causal.clone()
+        visible[:, :start] = False
+        eager = scores[b].masked_fill(~visible, float("-inf")).topk(k, dim=-1)
+        want = eager.indices.int().masked_fill(eager.values == float("-inf"), -1)
+        for t in range(start, seq):
+            assert torch.equal(got[b, t, 0].sort().values, want[t].sort().values), (b, t)
