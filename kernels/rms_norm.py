@@ -116,7 +116,6 @@ def _native_plan(fn: Callable[..., None], x: Tensor, gamma: Tensor) -> Callable[
     spaced: `_row_stride`): sizes, dtype code and rstd's shape fixed, gamma passed as it is when it is contiguous
     fp32."""
     n, code, rstd_shape, gamma_of = _native_settings(x, gamma)
-
     shape, dtype, rows, x_stride = x.shape, x.dtype, x.numel() // n, _row_stride(x, gamma.dim())
 
     def plan(x: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
