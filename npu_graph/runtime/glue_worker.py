@@ -57,7 +57,6 @@ class GlueWorker:
         self._pid = os.getpid()
         self._exiting = False      # set at the owner's exit: a compile still queued then starts no new child
 
-
     def _started(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None or self._pid != os.getpid():
             self._pid = os.getpid()        # a forked process starts a worker of its own: the pipes are its parent's

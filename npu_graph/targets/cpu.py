@@ -109,10 +109,10 @@ def lower(gm: torch.fx.GraphModule, name: str, param_indices: tuple[int, ...] = 
     `glue` ("python", "inductor", "auto" or "background") says what runs the graph after hoisting: Python, one call
     per node, with SuperKernel regions as functions `superkernel_N`; or Inductor's generated module
     (npu_graph.runtime.inductor_glue; GLUE = 'inductor' at the top of the source), regions not formed. "auto" gives
-    a graph worth it Inductor's glue: now when its sizes are symbolic (`_glue_choice`), else through a background
-    compile (npu_graph.runtime.glue_upgrade), the graph running its Python form until that lands; "background"
-    takes that path for symbolic graphs too. The CompiledGraph's `glue` says which runs, its `glue_reason` why.
-    Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
+    a graph worth it Inductor's glue: now when its sizes are symbolic and its calls many (`_glue_choice`), else
+    through a background compile (npu_graph.runtime.glue_upgrade), the graph running its Python form until that
+    lands; "background" takes that path for symbolic graphs too. The CompiledGraph's `glue` says which runs, its
+    `glue_reason` why. Stream events of a graph that runs wholly on the CPU are dropped (they are no-ops there)."""
     streams.drop_host_events(gm)
     prologue, used = None, []
     opened = bool(param_indices) or glue != "python"     # regions put back inline (for hoisting or for Inductor)
