@@ -177,10 +177,12 @@ def _torch_rows(x: Tensor) -> Callable[..., tuple[Tensor, Tensor]]:
     return _torch_few_rows if x.numel() <= FEW_ROWS_ELEMS else _torch_blocks
 
 
-def _add_then_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """x1 + x2 into a new contiguous tensor, then rms_norm's own path for it."""
-    x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
-    return (*_rms_norm_rows(x, gamma, epsilon), x)
+def _add_then(norm: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """x1 + x2 into a new contiguous tensor, then `norm` of it: rms_norm's path, or its plan for the sum."""
+    def add_then_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+        x = torch.add(x1, x2, out=x1.new_empty(x1.shape))     # contiguous whatever the inputs' layouts
+        return (*norm(x, gamma, epsilon), x)
+    return add_then_norm
 
 
 def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
@@ -245,16 +247,17 @@ def _add_rms_norm_rows(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) ->
     plan = _ADD_PLANS.get(signature)
     if plan is not None:
         return plan(x1, x2, gamma, epsilon)
-    result = _add_then_norm(x1, x2, gamma, epsilon)        # measures rms_norm's class first
+    result = _add_then(_rms_norm_rows)(x1, x2, gamma, epsilon)        # measures rms_norm's class first
+    norm_plan = _PLANS.get(_signature(result[2], gamma))                # the sum's plan, once rms_norm has one
+    if norm_plan is None:
+        return result
     cls = _shape_class(x1, gamma)
     kernels = _native_kernels(x1, x2) if x1.is_contiguous() and x2.is_contiguous() else None
-    norm = dispatch.known("rms_norm", cls)
-    if kernels is None or norm == "torch":
-        _ADD_PLANS.put(signature, _add_then_norm)
-    elif norm == "native":
-        return _planned("add_rms_norm", _ADD_PLANS, signature, cls, _native_add_plan(kernels[1], x1, gamma),
-                        _add_then_norm, (x1, x2, gamma, epsilon))
-    return result
+    if kernels is None or dispatch.known("rms_norm", cls) != "native":
+        _ADD_PLANS.put(signature, _add_then(norm_plan))
+        return result
+    return _planned("add_rms_norm", _ADD_PLANS, signature, cls, _native_add_plan(kernels[1], x1, gamma),
+                    _add_then(norm_plan), (x1, x2, gamma, epsilon))
 
 
 @torch.library.custom_op("ascend_dsa::rms_norm", mutates_args=())

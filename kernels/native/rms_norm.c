@@ -3,8 +3,9 @@
  * For each row r of x [rows][n] (fp32, bf16 or fp16; each row contiguous, row r at x + r * x_stride values):
  *   rstd[r] = 1 / sqrt(sum_i x[r][i]^2 / n + eps)          fp32
  *   y[r][i] = x[r][i] * rstd[r] * gamma[i]                  fp32, rounded once to x's dtype (nearest even)
- * gamma is fp32 [n]; y is contiguous. rn_add_rows (contiguous summands) first forms x = x1 + x2 (fp32 sum rounded to the dtype, as eager's add rounds
- * it), stores it, and normalizes that rounded sum: one pass over the inputs instead of an add and a norm.
+ * gamma is fp32 [n]; y is contiguous. rn_add_rows (contiguous summands) first forms x = x1 + x2 (the fp32 sum
+ * rounded to the dtype, as eager's add rounds it), stores it, and normalizes that rounded sum: one pass over the
+ * inputs instead of an add and a norm.
  * Values are converted a vector at a time (simd.h). fp16 needs the compiler's _Float16 (rn_has_f16).
  * A call of at least PARALLEL_MIN values splits its rows over OpenMP threads (torch's pool); a decode row (1-8K
  * values) stays on the calling thread, where a parallel region would cost more than the work.
