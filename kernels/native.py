@@ -130,6 +130,57 @@ def _build(source: Path, target: Path, cc: str, level: str) -> str | None:
             os.unlink(tmp)
 
 
+# Libraries being built right now in this process (a graph's compile and native_prebuild's thread), each with the
+# event its builder sets when done: a second thread needing one waits for that build instead of running another.
+_BUILDING: dict[Path, threading.Event] = {}
+_BUILDING_LOCK = threading.Lock()
+
+
+def _claim(path: Path) -> bool:
+    """Marks `path` as being built by this thread; False when another thread is building it."""
+    with _BUILDING_LOCK:
+        if path in _BUILDING:
+            return False
+        _BUILDING[path] = threading.Event()
+        return True
+
+
+def _release(path: Path) -> None:
+    with _BUILDING_LOCK:
+        _BUILDING.pop(path).set()
+
+
+def wait_for_build(path: Path) -> None:
+    """Returns once no thread of this process is building `path`."""
+    with _BUILDING_LOCK:
+        event = _BUILDING.get(path)
+    if event is not None:
+        event.wait()
+
+
+def _build_claimed(name: str, path: Path, cc: str, level: str) -> str | None:
+    try:
+        return _build(SOURCE_DIR / f"{name}.c", path, cc, level)
+    finally:
+        _release(path)
+
+
+def build_unless_busy(name: str, path: Path, cc: str, level: str) -> str | None:
+    """Builds kernels/native/<name>.c into `path` (_build) unless another thread of this process is building it
+    (then returns at once). None, or why the build failed."""
+    return _build_claimed(name, path, cc, level) if _claim(path) else None
+
+
+def build_once(name: str, path: Path, cc: str, level: str) -> str | None:
+    """Builds kernels/native/<name>.c into `path`; where another thread of this process is building it, waits for
+    that build and builds here only if it left no library. None, or why the build failed."""
+    while not _claim(path):
+        wait_for_build(path)
+        if path.exists():
+            return None
+    return _build_claimed(name, path, cc, level)
+
+
 def load(name: str) -> Native:
     """The library built from kernels/native/<name>.c for the active level, building it on first use (module
     docstring). ASCEND_DSA_NATIVE=0 and ASCEND_DSA_CPU_ISA are read at every call, so they may be set at any
@@ -190,13 +241,14 @@ def _load(name: str, level: str, extra_flags: str) -> Native:
     try:
         path = library_path(name, cc, level)
         trust.ensure_private_dir(path.parent)
+        wait_for_build(path)
         fd, why = native_trust.open_verified(path) if path.exists() else (None, "")
         if fd is None:
             if why:
                 warnings.warn(f"ascend_dsa refused the native library {path}: {why}; rebuilding it",
                               NativeLibraryWarning, stacklevel=3)
             with progress.step(f"building native kernel {name} ({level})"):
-                failure = _build(SOURCE_DIR / f"{name}.c", path, cc, level)
+                failure = build_once(name, path, cc, level)
             if failure:
                 warnings.warn(f"ascend_dsa could not build its native kernel {name}; its op uses the torch path. "
                               f"{failure}", NativeLibraryWarning, stacklevel=3)

@@ -32,6 +32,7 @@ from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_co
 from npu_graph.capture import capture_and_compile
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
+from npu_graph.kernels import native_prebuild
 from npu_graph.kernels.checks import FusedPreconditionError
 from npu_graph.observe.dump import GraphDump, current_compile_id, dump_matches_entry
 from npu_graph.observe.implementations import refreshed_after_first_call
@@ -114,8 +115,9 @@ class Backend:
                 return found.callable
             sink: dict[str, Any] = {}
             params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
-            compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink, params),
-                                           self.config.experimental_config.keep_inference_input_mutations)
+            with native_prebuild.building_ahead():
+                compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink, params),
+                                               self.config.experimental_config.keep_inference_input_mutations)
             reports = sink["reports"]
             decision, reason = found.decision, found.reason
             if decision == "hit":  # compiled again only for the dump (README "Compile cache"): the entry runs

@@ -21,11 +21,13 @@ from npu_graph.kernels import (
     lightning_indexer,
     moe_gating,
     moe_gating_native,
+    native_prebuild,
     rms_norm,
     rotary_mul,
 )
 from npu_graph.kernels import sparse_flash_attention as sfa
 from npu_graph.observe.report import graph_nodes
+from npu_graph.targets.cpu_bindings import NATIVE_KERNELS
 
 # fused op -> (its shape-class function, the native library it runs)
 NATIVE_CLASSES: dict[str, tuple[Callable[..., tuple | None], str]] = {
@@ -116,15 +118,20 @@ def refreshed_after_first_call(compiled: Callable[..., Any], entries: list[dict[
     return call
 
 
+def _libraries(gm: torch.fx.GraphModule, fused: list[str]) -> list[str]:
+    """The native libraries the graph's lowering will load: its fused ops' and its ATen calls' (NATIVE_KERNELS)."""
+    aten = [f"{node.target._schema.name.split('::', 1)[1]}.{node.target._overloadname}" for node in graph_nodes(gm)
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace == "aten"]
+    return [NATIVE_CLASSES[op][1] for op in fused if op in NATIVE_CLASSES] + \
+        [NATIVE_KERNELS[name] for name in aten if name in NATIVE_KERNELS]
+
+
 def implementations(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
     """One entry per fused-op node: {node, op, impl, level, why, ...} (module docstring)."""
     mode = FakeTensorMode()
-    entries = []
-    for node in graph_nodes(gm):
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
-                or target.namespace != "ascend_dsa":
-            continue
-        op = target._schema.name.split("::", 1)[1]
-        entries.append({"node": node.name, "op": op, **_describe(op, node, mode)})
-    return entries
+    fused = [(node, node.target._schema.name.split("::", 1)[1]) for node in graph_nodes(gm)
+             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+             and node.target.namespace == "ascend_dsa"]
+    native_prebuild.build_now(_libraries(gm, [op for _, op in fused]))
+    return [{"node": node.name, "op": op, **_describe(op, node, mode)} for node, op in fused]

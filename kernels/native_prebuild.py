@@ -1,0 +1,101 @@
+"""Native libraries built ahead, on a thread, while the first graph is traced and its passes run.
+
+A first compile on a machine without built libraries used to build each one where the CPU lowering first needed
+it (implementations, dispatch measurements), on the compiling thread: ~5 s for the 8 libraries of a tiny
+DeepSeek-V3.2 on a 2-core Zen 4, one after the other, while the other core idled. `building_ahead()` wraps the
+compile of a graph the compile cache missed: the first time in a process it starts one thread that builds the
+libraries not yet in the cache folder, in ORDER (those most model families use first), while the graph is
+captured and its passes run. It stops once the compile knows which libraries its fused ops need (`build_now`,
+from observe.implementations: those are built two at a time, by the compiling thread and a helper, with no
+guess beside them on a 2-core machine) or once that compile is over, whichever comes first, so later work
+(Inductor's compiles of other graphs) has the cores to itself. kernels/native.build_once keeps two threads from
+building one library twice.
+
+The thread only builds: loading, the checks of a library's build record and every warning stay with
+kernels/native.load. A failed build here is quiet; load builds the library again and reports it. Nothing starts
+when ASCEND_DSA_NATIVE=0 is set or there is no C compiler.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from npu_graph.cache import trust
+from npu_graph.kernels import cpu_isa, env_settings, native
+from npu_graph.observe import progress
+
+# Most families' libraries first (the norms, projections and MoE of every decoder), then the attention kinds.
+ORDER = ("skinny_mm", "rms_norm", "moe_gating", "fused_moe", "causal_lengths", "rotary_mul", "lightning_indexer",
+         "sparse_attention", "dense_attention", "depthwise_conv1d", "kda", "attn_res")
+
+_STARTED = threading.Event()
+_AHEAD_STOP = threading.Event()    # set when the compile ends, or when it knows which libraries it needs
+
+
+def _missing(names: Sequence[str]) -> tuple[str | None, str, list[tuple[str, Path]]]:
+    """(the compiler, the active level, (name, library path) of each of `names` not in the cache folder)."""
+    cc, level = native.compiler(), cpu_isa.active()
+    if cc is None:
+        return None, level, []
+    paths = [(name, native.library_path(name, cc, level)) for name in dict.fromkeys(names)]
+    if paths:
+        trust.ensure_private_dir(paths[0][1].parent)
+    return cc, level, [(name, path) for name, path in paths if not path.exists()]
+
+
+def _build_each(cc: str, level: str, todo: list[tuple[str, Path]], stop: threading.Event | None = None) -> None:
+    """Builds each library of `todo` that no other thread is building and is still missing, until `stop` is set;
+    quiet by design: load() builds a failed one again and reports what failed."""
+    try:
+        for name, path in todo:
+            if stop is not None and stop.is_set():
+                return
+            if not path.exists():
+                native.build_unless_busy(name, path, cc, level)
+    except Exception:
+        return
+
+
+def _switched_off() -> bool:
+    return env_settings.get(native.ENV_SWITCH) == "0"
+
+
+@contextlib.contextmanager
+def building_ahead() -> Iterator[None]:
+    """Inside, the first time in this process: the thread of the module docstring; elsewhere nothing."""
+    if _STARTED.is_set() or _switched_off():
+        yield
+        return
+    _STARTED.set()
+    stop = _AHEAD_STOP
+    try:
+        cc, level, todo = _missing(ORDER)
+    except Exception:   # a forced level this CPU lacks, an untrusted folder: load() reports them
+        todo = []
+    if todo:
+        threading.Thread(target=_build_each, args=(cc, level, todo, stop), name="ascend-dsa-native-prebuild",
+                         daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def build_now(names: Sequence[str]) -> None:
+    """The missing libraries of `names` (a graph about to load them), two builds at a time: this thread and a
+    helper each take the next one no thread is building; returns when none of them is being built."""
+    if _switched_off():
+        return
+    _AHEAD_STOP.set()          # a guess no longer: these are the ones needed, and the cores are theirs
+    cc, level, todo = _missing(names)
+    if not todo:
+        return
+    with progress.step(f"building native kernels {', '.join(name for name, _ in todo)} ({level})"):
+        helper = threading.Thread(target=_build_each, args=(cc, level, todo[::-1]), daemon=True)
+        helper.start()
+        _build_each(cc, level, todo)
+        helper.join()
+        for _, path in todo:
+            native.wait_for_build(path)
