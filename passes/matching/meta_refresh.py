@@ -35,11 +35,22 @@ def _value_signature(value: Any) -> Any:
     return value if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
 
 
-def _inputs_signature(node: torch.fx.Node) -> Any:
+class _Signatures(dict):
+    """_value_signature of each value met, by the value's identity (the value is held, so its id stays its own): a
+    node's value is read once per consumer."""
+
+    def of(self, value: Any) -> Any:
+        held = self.get(id(value))
+        if held is None or held[0] is not value:
+            held = self[id(value)] = (value, _value_signature(value))
+        return held[1]
+
+
+def _inputs_signature(node: torch.fx.Node, signatures: _Signatures) -> Any:
     """The node's arguments with each input node replaced by (its identity, its value's signature)."""
     def of(arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node):
-            return ("node", id(arg), _value_signature(arg.meta.get("val")))
+            return ("node", id(arg), signatures.of(arg.meta.get("val")))
         return arg
 
     return map_aggregate((node.args, node.kwargs), of)
@@ -47,7 +58,8 @@ def _inputs_signature(node: torch.fx.Node) -> Any:
 
 def meta_snapshot(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Any]:
     """Each node's inputs as they are before a rewrite (take it before the pass changes the graph)."""
-    return {node: _inputs_signature(node) for node in gm.graph.nodes}
+    signatures = _Signatures()
+    return {node: _inputs_signature(node, signatures) for node in gm.graph.nodes}
 
 
 def _may_alias_inputs(node: torch.fx.Node) -> bool:
@@ -65,12 +77,13 @@ class _IncrementalProp(FakeTensorProp):
         super().__init__(gm, mode=mode)
         self.since = since
         self.recomputed: set[torch.fx.Node] = set()
+        self.signatures = _Signatures()
 
     def _unchanged(self, node: torch.fx.Node) -> bool:
         if node not in self.since or "val" not in node.meta:
             return False
         try:
-            same = bool(self.since[node] == _inputs_signature(node))
+            same = bool(self.since[node] == _inputs_signature(node, self.signatures))
         except Exception:  # an argument whose == is not a plain bool: recompute rather than guess
             return False
         return same and not (_may_alias_inputs(node) and any(a in self.recomputed for a in node.all_input_nodes))
