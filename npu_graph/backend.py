@@ -40,6 +40,7 @@ from npu_graph.observe.report import GraphReport
 from npu_graph.observe.trace import log_code
 from npu_graph.observe.verify import verified
 from npu_graph.routes import install_routes
+from npu_graph.runtime import inductor_glue
 from npu_graph.runtime.glue_upgrade import GlueUpgrade
 
 log = logging.getLogger("npu_graph")
@@ -106,6 +107,8 @@ class Backend:
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
+        if self.config.target == "cpu" and self.config.cpu.glue != "python":
+            inductor_glue.warm_vec_isa()     # overlaps the tracing of later graphs, which may load Inductor's glue
         with self.cache.lookup(gm, example_inputs) as found:
             if found.decision == "hit" and not self.config.debug.graph_dump.path:
                 report = GraphReport.from_summary(name, found.summary, cache="hit")

@@ -23,7 +23,7 @@ from typing import Any
 
 from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
-from npu_graph.runtime import direct_calls, glue_upgrade, weight_arena
+from npu_graph.runtime import direct_calls, glue_upgrade, inductor_glue, weight_arena
 from npu_graph.runtime.glue_upgrade import GlueUpgrade
 from npu_graph.runtime.profiling import ProfiledCalls
 from npu_graph.runtime.superkernel import bind_regions
@@ -79,6 +79,8 @@ class CompiledGraph:
 
     def _prepared(self, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:
         """The attributes that running `source` gives this graph (its forward, prologue, regions, settings)."""
+        if inductor_glue.is_inductor_glue(source):      # its module asks Inductor for the vector ISA list
+            inductor_glue.vec_isa_checked()
         namespace = _executed(source, globals_, self.name, direct_calls.DIRECT)
         holder = _nested_namespace(attributes)
         compiler = namespace.get("SUPERKERNEL_COMPILER", "python")

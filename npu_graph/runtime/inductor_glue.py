@@ -102,6 +102,7 @@ def compile_now(gm: torch.fx.GraphModule) -> bool:
 
 
 _VEC_ISA_CHECK: list[threading.Thread] = []
+GLUE_LINE = "GLUE = 'inductor'\n"     # the setting a source with Inductor's glue starts with (targets.cpu)
 
 
 def _check_vec_isa() -> None:
@@ -112,12 +113,28 @@ def _check_vec_isa() -> None:
         cpu_vec_isa.valid_vec_isa_list.cache_clear()
 
 
+def vec_isa_checked() -> None:
+    """Returns once the check warm_vec_isa started has finished: Inductor's list is cached per process but not
+    locked, so a second caller beside the thread would run every probe again."""
+    for check in _VEC_ISA_CHECK:
+        check.join()
+
+
+def is_inductor_glue(source: str) -> bool:
+    """Whether a graph's bound source runs Inductor's module (GLUE_LINE among its settings at the top)."""
+    return source.startswith(GLUE_LINE) or f"\n{GLUE_LINE}" in source
+
+
 def warm_vec_isa() -> None:
     """Start Inductor's check of the vector instruction sets its C++ may use on a daemon thread, once per process.
     With an empty Inductor cache the check builds a test library per set (~9 s of g++ on a 2-core machine; both
     this process's and the glue worker's compiles then find them on disk), and Inductor does it at the first
-    compile that needs it: started with the first graph, it overlaps the tracing of the next ones. The list is
-    what Inductor computes for itself (the user's own Inductor compiles use it too)."""
+    compile that needs it: started with the first graph, it overlaps the tracing of the next ones. With the test
+    libraries on disk it still loads each in a subprocess (~1.2 s on that machine), which a process whose graphs
+    come from the compile cache pays when it loads the first one with Inductor's glue (tiny deepseek_v32's
+    symbolic decode graph, the third): the backend starts the check at its first call, so that it overlaps
+    Dynamo's tracing of the graphs before. The list is what Inductor computes for itself (the user's own Inductor
+    compiles use it too)."""
     if not _VEC_ISA_CHECK:
         _VEC_ISA_CHECK.append(threading.Thread(target=_check_vec_isa, name="ascend-dsa-vec-isa", daemon=True))
         _VEC_ISA_CHECK[0].start()
@@ -170,8 +187,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
 
     if gm.graph.find_nodes(op="get_attr"):
         raise ValueError("the graph reads attributes; lift them into inputs before Inductor compiles it")
-    for check in _VEC_ISA_CHECK:        # one computation of the list, not two side by side
-        check.join()
+    vec_isa_checked()
     gm.graph.eliminate_dead_code()
     gm.recompile()
     sources: list[str] = []

@@ -97,7 +97,7 @@ class _Prologue:
         if self.frozen:
             source = "FROZEN_PARAMETERS = True\n" + source
         if by_inductor:
-            source = "GLUE = 'inductor'\n" + source
+            source = inductor_glue.GLUE_LINE + source
         return bind_source(source), {**globals_, **self.globals_}, {**attributes, **self.attributes}
 
 

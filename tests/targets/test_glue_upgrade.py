@@ -247,3 +247,23 @@ def test_a_symbolic_graph_of_few_calls_compiles_in_the_background(tmp_path, wort
     runtime = backend.reports[0].extra["runtime"]
     assert runtime["glue"] == "python" and "symbolic sizes" not in runtime["glue_reason"], runtime
     assert glue_upgrade.wait_all(timeout=600)
+
+
+@pytest.mark.parametrize("glue,starts", [("auto", True), ("python", False)])
+def test_backend_starts_the_vec_isa_check_at_its_first_call(tmp_path, monkeypatch, glue, starts):
+    """A warm process loads its graphs from the cache: the check Inductor's glue needs overlaps the tracing."""
+    started = []
+    monkeypatch.setattr(inductor_glue, "warm_vec_isa", lambda: started.append(True))
+    _run(_backend(tmp_path, cpu_glue=glue))
+    assert bool(started) == starts
+
+
+def test_a_graph_with_inductor_glue_waits_for_the_check_in_flight(monkeypatch):
+    """Inductor's list is cached but not locked: loading beside the check's thread would run it twice."""
+    from npu_graph.runtime import compiled_graph
+    joined = []
+    monkeypatch.setattr(inductor_glue, "vec_isa_checked", lambda: joined.append(True))
+    source = inductor_glue.GLUE_LINE + "def forward(self, *inputs):\n    return inputs\n"
+    assert compiled_graph.CompiledGraph("g", source, {}, {}).glue == "inductor" and joined == [True]
+    compiled_graph.CompiledGraph("g", "def forward(self, *inputs):\n    return inputs\n", {}, {})
+    assert joined == [True]
