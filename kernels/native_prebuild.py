@@ -12,11 +12,13 @@ guess beside them on a 2-core machine) or once that compile is over, whichever c
 building one library twice.
 
 The thread only builds: loading, the checks of a library's build record and every warning stay with
-kernels/native.load. A failed build here is quiet; load builds the library again and reports it. Nothing starts
-when ASCEND_DSA_NATIVE=0 is set or there is no C compiler.
+kernels/native.load. A failed build here is quiet, and so is a folder or level it cannot use; load builds the
+library again and reports it. At exit the build under way completes (no half-written file is left). Nothing
+starts when ASCEND_DSA_NATIVE=0 is set or there is no C compiler.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -58,6 +60,12 @@ def _build_each(cc: str, level: str, todo: list[tuple[str, Path]], stop: threadi
         return
 
 
+def _finish(thread: threading.Thread) -> None:
+    """At exit: no new build, and the one under way completes (its library lands, its temporary file goes)."""
+    _AHEAD_STOP.set()
+    thread.join(native.BUILD_TIMEOUT_S)
+
+
 def _switched_off() -> bool:
     return env_settings.get(native.ENV_SWITCH) == "0"
 
@@ -75,8 +83,10 @@ def building_ahead() -> Iterator[None]:
     except Exception:   # a forced level this CPU lacks, an untrusted folder: load() reports them
         todo = []
     if todo:
-        threading.Thread(target=_build_each, args=(cc, level, todo, stop), name="ascend-dsa-native-prebuild",
-                         daemon=True).start()
+        thread = threading.Thread(target=_build_each, args=(cc, level, todo, stop), name="ascend-dsa-native-prebuild",
+                                  daemon=True)
+        thread.start()
+        atexit.register(_finish, thread)
     try:
         yield
     finally:
@@ -89,7 +99,10 @@ def build_now(names: Sequence[str]) -> None:
     if _switched_off():
         return
     _AHEAD_STOP.set()          # a guess no longer: these are the ones needed, and the cores are theirs
-    cc, level, todo = _missing(names)
+    try:
+        cc, level, todo = _missing(names)
+    except Exception:   # a forced level this CPU lacks, an untrusted folder: load() reports them
+        return
     if not todo:
         return
     with progress.step(f"building native kernels {', '.join(name for name, _ in todo)} ({level})"):

@@ -81,3 +81,13 @@ def test_a_graph_s_needs_stop_the_guesses(fresh, monkeypatch):
         native_prebuild.build_now(list(SMALL))
         time.sleep(1.0)
     assert sorted(fresh[1:]) == sorted(SMALL)    # the guess under way finished, no other started
+
+
+def test_a_folder_it_cannot_use_is_left_to_load_to_report(fresh, monkeypatch):
+    def refuse(path):
+        raise native_prebuild.trust.UntrustedPath(f"{path} is writable by others")
+    monkeypatch.setattr(native_prebuild.trust, "ensure_private_dir", refuse)
+    native_prebuild.build_now(list(SMALL))                  # no exception: the compile goes on
+    with native_prebuild.building_ahead():
+        pass
+    assert fresh == []
