@@ -107,9 +107,12 @@ class Backend:
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
-        if self.config.target == "cpu" and self.config.cpu.glue != "python":
-            inductor_glue.warm_vec_isa()     # overlaps the tracing of later graphs, which may load Inductor's glue
         with self.cache.lookup(gm, example_inputs) as found:
+            if found.decision == "hit" and self.config.target == "cpu" and self.config.cpu.glue != "python":
+                # a process served from the cache: the check a later entry with Inductor's glue needs overlaps the
+                # tracing of the graphs before it (a compile starts it where its lowering picks Inductor's glue,
+                # after the native builds its first graph waits for)
+                inductor_glue.warm_vec_isa()
             if found.decision == "hit" and not self.config.debug.graph_dump.path:
                 report = GraphReport.from_summary(name, found.summary, cache="hit")
                 report.extra.update(found.provenance(current_compile_id()))

@@ -250,11 +250,13 @@ def test_a_symbolic_graph_of_few_calls_compiles_in_the_background(tmp_path, wort
 
 
 @pytest.mark.parametrize("glue,starts", [("auto", True), ("python", False)])
-def test_backend_starts_the_vec_isa_check_at_its_first_call(tmp_path, monkeypatch, glue, starts):
+def test_a_cache_hit_starts_the_vec_isa_check(tmp_path, monkeypatch, glue, starts):
     """A warm process loads its graphs from the cache: the check Inductor's glue needs overlaps the tracing."""
+    _run(_backend(tmp_path, cpu_glue=glue))
+    glue_upgrade.wait_all(timeout=600)
     started = []
     monkeypatch.setattr(inductor_glue, "warm_vec_isa", lambda: started.append(True))
-    _run(_backend(tmp_path, cpu_glue=glue))
+    _run(_backend(tmp_path, cpu_glue=glue))                 # a new backend on the same cache folder: a hit
     assert bool(started) == starts
 
 
