@@ -77,20 +77,19 @@ def building_ahead() -> Iterator[None]:
         yield
         return
     _STARTED.set()
-    stop = _AHEAD_STOP
     try:
         cc, level, todo = _missing(ORDER)
     except Exception:   # a forced level this CPU lacks, an untrusted folder: load() reports them
         todo = []
     if todo:
-        thread = threading.Thread(target=_build_each, args=(cc, level, todo, stop), name="ascend-dsa-native-prebuild",
-                                  daemon=True)
+        thread = threading.Thread(target=_build_each, args=(cc, level, todo, _AHEAD_STOP),
+                                  name="ascend-dsa-native-prebuild", daemon=True)
         thread.start()
         atexit.register(_finish, thread)
     try:
         yield
     finally:
-        stop.set()
+        _AHEAD_STOP.set()
 
 
 def build_now(names: Sequence[str]) -> None:

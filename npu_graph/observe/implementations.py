@@ -118,20 +118,14 @@ def refreshed_after_first_call(compiled: Callable[..., Any], entries: list[dict[
     return call
 
 
-def _libraries(gm: torch.fx.GraphModule, fused: list[str]) -> list[str]:
-    """The native libraries the graph's lowering will load: its fused ops' and its ATen calls' (NATIVE_KERNELS)."""
-    aten = [f"{node.target._schema.name.split('::', 1)[1]}.{node.target._overloadname}" for node in graph_nodes(gm)
-            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and node.target.namespace == "aten"]
-    return [NATIVE_CLASSES[op][1] for op in fused if op in NATIVE_CLASSES] + \
-        [NATIVE_KERNELS[name] for name in aten if name in NATIVE_KERNELS]
-
-
 def implementations(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
-    """One entry per fused-op node: {node, op, impl, level, why, ...} (module docstring)."""
+    """One entry per fused-op node: {node, op, impl, level, why, ...} (module docstring). The native libraries the
+    lowering will load (the fused ops' and NATIVE_KERNELS' for the ATen calls) are built first, side by side."""
     mode = FakeTensorMode()
-    fused = [(node, node.target._schema.name.split("::", 1)[1]) for node in graph_nodes(gm)
-             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-             and node.target.namespace == "ascend_dsa"]
-    native_prebuild.build_now(_libraries(gm, [op for _, op in fused]))
+    calls = [node for node in graph_nodes(gm)
+             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)]
+    fused = [(node, node.target._opname) for node in calls if node.target.namespace == "ascend_dsa"]
+    aten = [f"{node.target._opname}.{node.target._overloadname}" for node in calls if node.target.namespace == "aten"]
+    native_prebuild.build_now([NATIVE_CLASSES[op][1] for _, op in fused if op in NATIVE_CLASSES]
+                              + [NATIVE_KERNELS[name] for name in aten if name in NATIVE_KERNELS])
     return [{"node": node.name, "op": op, **_describe(op, node, mode)} for node, op in fused]

@@ -37,7 +37,7 @@ def _value_signature(value: Any) -> Any:
 
 class _Signatures(dict):
     """_value_signature of each value met, by the value's identity (the value is held, so its id stays its own): a
-    node's value is read once per consumer."""
+    node's value is read once, however many consumers it has."""
 
     def of(self, value: Any) -> Any:
         held = self.get(id(value))
