@@ -185,6 +185,8 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     `forward(self, *inputs)` that returns the graph's outputs as a tuple."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+    from npu_graph.runtime import batched_kernels  # imports Inductor: only where a compile needs it
+
     if gm.graph.find_nodes(op="get_attr"):
         raise ValueError("the graph reads attributes; lift them into inputs before Inductor compiles it")
     vec_isa_checked()
@@ -210,7 +212,7 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
 
     # AOT autograd's own cache would hand back a compiled function without calling `inner` (no source to bind);
     # Inductor's FX graph cache below it still serves a graph compiled before.
-    with torch._functorch.config.patch(enable_autograd_cache=False), \
+    with torch._functorch.config.patch(enable_autograd_cache=False), batched_kernels.building_batched(), \
             torch._inductor.config.patch({"cpp.threads": 1, "size_asserts": False}):
         compile_fx(gm, traced_inputs(gm), inner_compile=inner, decompositions=_decompositions())
     source = sources[-1] if len(sources) == 1 else None
@@ -219,4 +221,16 @@ def compile_forward(gm: torch.fx.GraphModule) -> str:
     body = source.split("\nif __name__ == \"__main__\":", 1)[0]
     # Inductor's header names the process's AOT compile counter: the same graph compiled again (a cache hit's dump)
     # would differ in that comment alone
-    return _AOT_ID.sub("", body) + glue_layouts.adapter(relayouts[-1])
+    return _with_batched_kernels(_AOT_ID.sub("", body)) + glue_layouts.adapter(relayouts[-1])
+
+
+_ASYNC_COMPILE = "\nasync_compile = AsyncCompile()\n"
+
+
+def _with_batched_kernels(source: str) -> str:
+    """Inductor's module source with its kernels built together (npu_graph.runtime.batched_kernels): the module
+    that compile_fx loaded ran with BatchedKernels, so its libraries are the ones this source loads."""
+    if source.count(_ASYNC_COMPILE) != 1:
+        raise RuntimeError("Inductor's module source does not create `async_compile = AsyncCompile()` once")
+    return source.replace(_ASYNC_COMPILE, "\nfrom npu_graph.runtime.batched_kernels import BatchedKernels\n"
+                          "async_compile = BatchedKernels()\n")

@@ -57,6 +57,7 @@ def test_inductor_glue_equals_python_and_calls_fused_ops_directly(tmp_path):
     assert "_ascend_dsa_direct_rms_norm(" not in source            # an elementwise one written out for Inductor
     assert not re.search(r"torch\.ops\.ascend_dsa\.\w+\.default\(", source)   # no call through the dispatcher
     assert "def call(self, args)" in source and "\ndef forward(self, *inputs):" in source
+    assert "\nasync_compile = BatchedKernels()\n" in source   # its kernels built as a few libraries
     assert "AOT ID" not in source     # a per-process counter: compiled again (a cache hit's dump), the code is equal
 
 
