@@ -229,8 +229,10 @@ _ASYNC_COMPILE = "\nasync_compile = AsyncCompile()\n"
 
 def _with_batched_kernels(source: str) -> str:
     """Inductor's module source with its kernels built together (npu_graph.runtime.batched_kernels): the module
-    that compile_fx loaded ran with BatchedKernels, so its libraries are the ones this source loads."""
+    that compile_fx loaded ran with BatchedKernels, so its libraries are the ones this source loads. A source that
+    does not create `async_compile = AsyncCompile()` once (another Inductor wrapper) is kept as it is: its kernels
+    are then built one by one when it runs."""
     if source.count(_ASYNC_COMPILE) != 1:
-        raise RuntimeError("Inductor's module source does not create `async_compile = AsyncCompile()` once")
+        return source
     return source.replace(_ASYNC_COMPILE, "\nfrom npu_graph.runtime.batched_kernels import BatchedKernels\n"
                           "async_compile = BatchedKernels()\n")

@@ -108,3 +108,12 @@ def test_building_batched_swaps_inductors_class_and_puts_it_back():
         assert inductor_async.AsyncCompile is BatchedKernels
         raise KeyError("inside")
     assert inductor_async.AsyncCompile is original
+
+
+def test_glue_sources_create_batched_kernels_where_inductor_creates_its_own():
+    from npu_graph.runtime import inductor_glue
+    source = "from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\nk = 1\n"
+    rewritten = inductor_glue._with_batched_kernels(source)
+    assert "\nasync_compile = BatchedKernels()\n" in rewritten and "AsyncCompile()" not in rewritten
+    other = "async_compile = SomethingElse()\n"
+    assert inductor_glue._with_batched_kernels(other) == other
