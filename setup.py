@@ -42,7 +42,7 @@ setup(
         "npu": ["torch_npu"],
     },
     entry_points={
-        "torch_dynamo_backends": ["ascend_dsa = npu_graph.backend:ascend_dsa"],
+        "torch_dynamo_backends": ["ascend_dsa = npu_graph.backend_entry:ascend_dsa"],
         "console_scripts": ["ascend-dsa = npu_graph.tools.cli:main"],
         "torch.backends": ["ascend_dsa_logs = npu_graph_torch_logs:register_at_torch_import"],
     },

@@ -2,14 +2,15 @@
 
 A first compile on a machine without built libraries used to build each one where the CPU lowering first needed
 it (implementations, dispatch measurements), on the compiling thread: ~5 s for the 8 libraries of a tiny
-DeepSeek-V3.2 on a 2-core Zen 4, one after the other, while the other core idled. `building_ahead()` wraps the
-compile of a graph the compile cache missed: the first time in a process it starts one thread that builds the
-libraries not yet in the cache folder, in ORDER (those most model families use first), while the graph is
-captured and its passes run. It stops once the compile knows which libraries its fused ops need (`build_now`,
-from observe.implementations: those are built two at a time, by the compiling thread and a helper, with no
-guess beside them on a 2-core machine) or once that compile is over, whichever comes first, so later work
-(Inductor's compiles of other graphs) has the cores to itself. kernels/native.build_once keeps two threads from
-building one library twice.
+DeepSeek-V3.2 on a 2-core Zen 4, one after the other, while the other core idled. The first time in a process
+that torch resolves the backend's name (`start_ahead`, from npu_graph.backend_entry: `torch.compile(...,
+backend="ascend_dsa")`), or else at the first compile the compile cache missed (`building_ahead()`), one thread
+starts building the libraries not yet in the cache folder, in ORDER (those most model families use first), while
+Dynamo traces the first graph and the graph is captured and its passes run. It stops once the compile knows
+which libraries its fused ops need (`build_now`, from observe.implementations: those are built two at a time, by
+the compiling thread and a helper, with no guess beside them on a 2-core machine) or once that compile is over,
+whichever comes first, so later work (Inductor's compiles of other graphs) has the cores to itself.
+kernels/native.build_once keeps two threads from building one library twice.
 
 The thread only builds: loading, the checks of a library's build record and every warning stay with
 kernels/native.load. A failed build here is quiet, and so is a folder or level it cannot use; load builds the
@@ -70,22 +71,30 @@ def _switched_off() -> bool:
     return env_settings.get(native.ENV_SWITCH) == "0"
 
 
-@contextlib.contextmanager
-def building_ahead() -> Iterator[None]:
-    """Inside, the first time in this process: the thread of the module docstring; elsewhere nothing."""
+def start_ahead() -> None:
+    """The thread of the module docstring, the first time in this process (nothing when switched off or when
+    every library is in the cache folder). Started when torch first resolves the backend by name
+    (npu_graph.backend_entry), so that the builds overlap Dynamo's tracing of the first graph, or else by the first
+    compile that misses the cache (`building_ahead`)."""
     if _STARTED.is_set() or _switched_off():
-        yield
         return
     _STARTED.set()
     try:
         cc, level, todo = _missing(ORDER)
     except Exception:   # a forced level this CPU lacks, an untrusted folder: load() reports them
-        todo = []
+        return
     if todo:
         thread = threading.Thread(target=_build_each, args=(cc, level, todo, _AHEAD_STOP),
                                   name="ascend-dsa-native-prebuild", daemon=True)
         thread.start()
         atexit.register(_finish, thread)
+
+
+@contextlib.contextmanager
+def building_ahead() -> Iterator[None]:
+    """Around the compile of a graph the compile cache missed: `start_ahead`, and the guesses stop when the compile
+    ends (the first one's end stops them, whoever started them)."""
+    start_ahead()
     try:
         yield
     finally:

@@ -1,7 +1,8 @@
 """The `ascend_dsa` torch.compile backend.
 
 `torch.compile(model, backend="ascend_dsa", options={...})` reaches `ascend_dsa` through the
-`torch_dynamo_backends` entry point; torch.compile's `mode=` reaches it too (CompilerConfig.mode).
+`torch_dynamo_backends` entry point (npu_graph.backend_entry, which starts the native builds ahead);
+torch.compile's `mode=` reaches it too (CompilerConfig.mode).
 `get_backend(config)` (or torchair's spelling `get_backend(compiler_config=config)`) returns one Backend per
 distinct config, so a second torch.compile with the same backend object reuses Dynamo's compiled code. A
 `mode=` or `options=` given to torch.compile together with a Backend object is applied on top of its config

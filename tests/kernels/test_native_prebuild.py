@@ -91,3 +91,26 @@ def test_a_folder_it_cannot_use_is_left_to_load_to_report(fresh, monkeypatch):
     with native_prebuild.building_ahead():
         pass
     assert fresh == []
+
+
+def test_resolving_the_backend_by_name_starts_the_builds_and_a_compiles_end_stops_them(fresh):
+    """torch resolves `ascend_dsa` through npu_graph.backend_entry before Dynamo traces: the libraries start
+    building then; the first compile's end stops the guesses though another caller started them."""
+    import npu_graph.backend_entry as entry
+    from npu_graph.backend import ascend_dsa
+    assert not native_prebuild._STARTED.is_set()
+    assert entry.ascend_dsa is ascend_dsa
+    assert native_prebuild._STARTED.is_set() and not native_prebuild._AHEAD_STOP.is_set()
+    with native_prebuild.building_ahead():
+        pass
+    assert native_prebuild._AHEAD_STOP.is_set()
+    with pytest.raises(AttributeError, match="has no attribute 'other'"):
+        entry.other  # noqa: B018
+
+
+def test_the_entry_point_names_the_module_that_starts_the_builds():
+    from importlib.metadata import entry_points
+    (point,) = [p for p in entry_points(group="torch_dynamo_backends") if p.name == "ascend_dsa"]
+    assert point.value == "npu_graph.backend_entry:ascend_dsa"
+    from npu_graph.backend import ascend_dsa
+    assert point.load() is ascend_dsa
