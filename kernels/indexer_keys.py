@@ -2,6 +2,7 @@
 scratch buffers reused across calls (large temporaries: gathered rows, fp32 copies), the skinny GEMM through
 oneDNN where it is available, and `KeyReader`, which reads a batch's key rows by range or by position from a BSND
 tensor or a paged cache."""
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -12,7 +13,6 @@ from torch import Tensor
 from npu_graph.kernels.indexer_checks import MX_GROUP
 
 ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-ONEDNN_BF16 = ONEDNN_LINEAR and torch.cpu._is_avx512_bf16_supported()
 _SCRATCH = threading.local()
 _E4M3_F16_MASK = -16512   # int16 0xBF80: sign and the 7 magnitude bits of an e4m3 byte shifted left by 7
 
@@ -54,6 +54,21 @@ def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return buf[:numel] if len(shape) == 1 else buf[:numel].view(shape)
 
 
+@functools.cache
+def onednn_bf16() -> bool:
+    """Whether oneDNN runs bf16 products natively here: a CPU with AVX512-BF16, and oneDNN allowed to use it (a
+    user's ONEDNN_MAX_CPU_ISA=AVX2 leaves the flag on the CPU but makes oneDNN refuse bf16 primitives), found by
+    running one tiny product the first time a path asks."""
+    if not (ONEDNN_LINEAR and torch.cpu._is_avx512_bf16_supported()):
+        return False
+    x = torch.ones(1, 32, dtype=torch.bfloat16)
+    try:
+        torch.ops.mkldnn._linear_pointwise(x, torch.ones(16, 32, dtype=torch.bfloat16), None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
+
+
 def _as_float(x: Tensor, name: str) -> Tensor:
     """x in fp32: x itself, or a copy in the scratch buffer `name`."""
     return x if x.dtype == torch.float32 else scratch(name, tuple(x.shape), torch.float32).copy_(x)
@@ -63,7 +78,7 @@ def linear(x: Tensor, w: Tensor, relu: bool = False) -> Tensor:
     """x @ w.T, optionally through a ReLU that keeps NaN (module docstring), with fp32 accumulation. oneDNN's linear
     is used where it is available (faster than the default GEMM for these skinny shapes on CPU, and bf16 inputs
     only round the result); otherwise torch.nn.functional.linear."""
-    if ONEDNN_LINEAR and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and ONEDNN_BF16)):
+    if ONEDNN_LINEAR and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and onednn_bf16())):
         out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     else:
         out = torch.nn.functional.linear(x, w)

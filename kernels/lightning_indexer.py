@@ -36,13 +36,18 @@ from torch import Tensor
 from npu_graph.kernels import call_plans, dispatch, lightning_indexer_native
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.indexer_checks import OP, check_static, sequence_lengths, visible_keys
-from npu_graph.kernels.indexer_keys import ONEDNN_BF16, KeyReader, dequantize
+from npu_graph.kernels.indexer_keys import KeyReader, dequantize, onednn_bf16
 from npu_graph.kernels.indexer_reference import reference_lightning_indexer as reference_lightning_indexer
 from npu_graph.kernels.indexer_topk import KEY_CHUNK, SCORE_BUDGET, prefiltered_topk, streamed_topk
 from npu_graph.kernels.key_windows import check_starts, has_padding, indexer_by_row
 
 PREFILTER_MAX_ROWS = 8    # the bf16 prefilter takes batches of at most this many valid query rows
-BF16_PREFILTER = ONEDNN_BF16   # decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer_topk.py)
+
+
+def bf16_prefilter() -> bool:
+    """Whether decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer_topk.py): where oneDNN runs
+    bf16 products natively (emulated, they are slower than the fp32 pass they would save)."""
+    return onednn_bf16()
 
 
 def _batch_topk(keys: KeyReader, b: int, query: Tensor, query_scale: Tensor | None, w: Tensor,
@@ -82,7 +87,7 @@ def _torch_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengt
     for b in range(batch):
         limits = [visible_keys(t, lq[b], lk[b], sparse_mode) for t in range(lq[b])]
         keys = keys or KeyReader(key, key_scale, block_table)
-        prefilter = BF16_PREFILTER and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
+        prefilter = bf16_prefilter() and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
         for t0, t1, idx, val in _batch_topk(keys, b, query, query_scale, w, limits, sparse_count, prefilter):
             indices[b, t0:t1, 0] = idx
             values[b, t0:t1, 0] = val

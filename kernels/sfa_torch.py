@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels.indexer_checks import visible_keys
-from npu_graph.kernels.indexer_keys import ONEDNN_BF16, KeyReader, fp8_e4m3_to_float, linear
+from npu_graph.kernels.indexer_keys import KeyReader, fp8_e4m3_to_float, linear, onednn_bf16
 from npu_graph.kernels.sfa_checks import KV_TILE
 
 # Gathered value rows x latent dim from which P·V goes through oneDNN (bf16 where _bf16_values allows, else
@@ -68,7 +68,7 @@ def _bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:
     """A large P·V may run as a bf16 GEMM (fp32 accumulation): a CPU with native bf16 dot products
     (AVX512-BF16; without them oneDNN emulates bf16 and is slower than fp32), stored bf16 values and a bf16
     output anyway. Measured ~2x fp32 at 2048 x 512 on an AVX512-BF16 EPYC, slower below ~256 x 512."""
-    return (ONEDNN_BF16 and values is not None and values.dtype == torch.bfloat16
+    return (onednn_bf16() and values is not None and values.dtype == torch.bfloat16
             and out_dtype == torch.bfloat16)
 
 

@@ -183,7 +183,7 @@ def test_indexer_prefilter_keeps_nan_and_masks_minus_inf(monkeypatch):
     """The bf16 prefilter of the torch path (taken on CPUs with bf16 GEMMs, forced here) keeps a NaN key first and
     reports a key scoring -inf as -1."""
     monkeypatch.setenv("ASCEND_DSA_NATIVE", "0")
-    monkeypatch.setattr(lightning_indexer, "BF16_PREFILTER", True)
+    monkeypatch.setattr(lightning_indexer, "bf16_prefilter", lambda: True)
     g = torch.Generator().manual_seed(4)
     q, key = torch.randn(1, 1, 4, 32, generator=g).bfloat16(), torch.randn(1, 300, 1, 32, generator=g).bfloat16()
     key[0, 37, 0, 3] = float("nan")

@@ -2,6 +2,9 @@
 as values), paged vs BSND, sequence lengths, -1 padding, MXFP8, errors, a property test of the definition,
 and the op inside torch.compile."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -82,7 +85,7 @@ def test_matches_reference(case, dtype):
 
 @pytest.mark.parametrize("batch,s1,s2,k", [(1, 1, 16384, 2048), (3, 1, 3000, 256), (1, 3, 5000, 512)])
 def test_bf16_prefilter_matches_reference(batch, s1, s2, k, monkeypatch):
-    monkeypatch.setattr(li, "BF16_PREFILTER", True)   # checked on any CPU, however slow its bf16 GEMM
+    monkeypatch.setattr(li, "bf16_prefilter", lambda: True)   # checked on any CPU, however slow its bf16 GEMM
     monkeypatch.setenv(native.ENV_SWITCH, "0")        # the native scores would take these rows
     q, key, w = make_inputs(batch, s1, 16, 64, s2, torch.bfloat16, seed=1)
     got = OP(q, key, w, sparse_count=k, sparse_mode=0)
@@ -104,7 +107,7 @@ def test_prefilter_margin_bounds_the_bf16_error(weights_dtype):
 def test_prefilter_is_exact_with_near_ties(monkeypatch):
     """Keys that differ by less than the bf16 rounding of their scores: the prefilter keeps every key that
     might belong to the top K and the exact pass orders them, so the scores equal the reference."""
-    monkeypatch.setattr(li, "BF16_PREFILTER", True)
+    monkeypatch.setattr(li, "bf16_prefilter", lambda: True)
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     q, key, w = make_inputs(1, 1, 8, 64, 4000, torch.bfloat16, seed=2)
     base = torch.randn(1, 1, 1, 64).bfloat16()
@@ -115,6 +118,28 @@ def test_prefilter_is_exact_with_near_ties(monkeypatch):
     torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-4)
     score = scores_of(q, key, w)[0, 0]
     torch.testing.assert_close(score[got[0][0, 0, 0].long()], got[1][0, 0, 0], rtol=1e-5, atol=1e-4)
+
+
+def test_torch_paths_under_onednn_limited_to_avx2():
+    """A user's ONEDNN_MAX_CPU_ISA=AVX2 makes oneDNN refuse bf16 products on a CPU that has AVX512-BF16: the
+    torch paths of both ops then use fp32 products instead of failing (a fresh process: oneDNN reads the
+    variable once)."""
+    program = """
+import torch, npu_graph
+from npu_graph.kernels import indexer_keys, lightning_indexer as li
+assert not indexer_keys.onednn_bf16()
+g = torch.Generator().manual_seed(0)
+q = torch.randn(1, 1, 16, 64, generator=g).bfloat16()
+key = torch.randn(1, 5000, 1, 64, generator=g).bfloat16()
+w = torch.randn(1, 1, 16, generator=g).bfloat16()
+got = torch.ops.ascend_dsa.lightning_indexer(q, key, w, sparse_count=512)
+ref = li.reference_lightning_indexer(q, key, w, sparse_count=512)
+torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-4)
+print("ok")
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", native.ENV_SWITCH: "0"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

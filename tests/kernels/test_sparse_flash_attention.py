@@ -66,7 +66,7 @@ CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
 @pytest.mark.parametrize("large_pv_elems", [0, 1 << 62], ids=["onednn_pv", "mm_pv"])
 def test_matches_reference(case, dtype, large_pv_elems, monkeypatch):
     monkeypatch.setattr(sfa_torch, "LARGE_PV_ELEMS", large_pv_elems)
-    monkeypatch.setattr(sfa_torch, "ONEDNN_BF16", True)   # the bf16 path is checked on any CPU, however slow
+    monkeypatch.setattr(sfa_torch, "onednn_bf16", lambda: True)   # the bf16 path is checked on any CPU, however slow
     batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
     q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype)
     idx = random_indices(batch, s1, s2 // block, k, pad=pad)
@@ -165,7 +165,7 @@ def test_inputs_are_not_modified():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_value_distinct_from_key(dtype, monkeypatch):
     monkeypatch.setattr(sfa_torch, "LARGE_PV_ELEMS", 0)
-    monkeypatch.setattr(sfa_torch, "ONEDNN_BF16", True)
+    monkeypatch.setattr(sfa_torch, "onednn_bf16", lambda: True)
     q, kv, qr, kr = make_inputs(2, 3, 4, 32, 8, 60, dtype=dtype, seed=8)
     value = torch.randn_like(kv)
     idx = random_indices(2, 3, 60, 20, seed=9, pad=2)
