@@ -356,25 +356,53 @@ static void score_range(const struct keys *k, const void *qp, const float *w, in
     score_range_f32(k, qp, w, d, h, start, end, kf, score);
 }
 
+/* Keys per unit of work of one row's scoring: CHUNK, or fewer where the threads would get under four units
+ * each (many cores): 480, 240 or 96 keys, multiples of KC and of the bf16 and AMX blocks. */
+static int64_t chunk_keys(int64_t n, int threads) {
+    if (n >= (int64_t)CHUNK * 4 * threads) return CHUNK;
+    return n >= (int64_t)(CHUNK / 2) * 4 * threads ? CHUNK / 2 : CHUNK / 5;
+}
+
+/* One query row ready for the micro-kernels: the packed query qp (packed_query), the weights wp [hp] then hp lane
+ * masks, heads padded to hp (a multiple of VL) with zero queries and weights (they add nothing). */
+struct row_query {
+    void *qp;
+    float *wp;
+    int64_t hp;
+};
+
+/* Fills rq for query q [h][d] (of type q_dtype) and weights w [h]. Returns 0, or -1 when out of memory (rq then
+ * holds nothing to free). */
+static int row_query_init(struct row_query *rq, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
+                          int bf16_dot) {
+    rq->hp = (h + VL - 1) / VL * VL;
+    rq->qp = packed_query(q, q_dtype, h, rq->hp, d, bf16_dot);
+    rq->wp = calloc((size_t)(2 * rq->hp), sizeof(float));
+    if (!rq->qp || !rq->wp) {
+        free(rq->qp);
+        free(rq->wp);
+        return -1;
+    }
+    memcpy(rq->wp, w, (size_t)h * sizeof(float));
+    memset(rq->wp + rq->hp, 0xFF, (size_t)h * sizeof(float));
+    return 0;
+}
+
+static void row_query_free(struct row_query *rq) {
+    free(rq->qp);
+    free(rq->wp);
+}
+
 /* score[0:n] for query q [h][d] (contiguous, of type q_dtype: F32, BF16 or F16) with head weights w [h] (fp32),
- * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). Heads are padded to a multiple of VL with zero
- * queries and weights (they add nothing). bf16_dot: score bf16 keys with bf16 dot products (q must hold bf16
- * values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+ * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). bf16_dot: score bf16 keys with bf16 dot products (q
+ * must hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
 int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
                int bf16_dot, int threads, float *score) {
     struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
-    int64_t hp = (h + VL - 1) / VL * VL;
-    void *qp = packed_query(q, q_dtype, h, hp, d, bf16_dot);
-    float *wp = calloc((size_t)(2 * hp), sizeof(float));   /* weights, then lane masks */
-    if (!qp || !wp) {
-        free(qp);
-        free(wp);
-        return -1;
-    }
-    memcpy(wp, w, (size_t)h * sizeof(float));
-    memset(wp + hp, 0xFF, (size_t)h * sizeof(float));
-    int64_t chunks = (n + CHUNK - 1) / CHUNK;
+    struct row_query rq;
+    if (row_query_init(&rq, q, q_dtype, w, h, d, bf16_dot)) return -1;
+    int64_t hp = rq.hp, chunk = chunk_keys(n, threads), chunks = (n + chunk - 1) / chunk;
     int failed = 0;
     if (threads > 1 && n * hp * d >= PARALLEL_MIN_MACS) {
 #pragma omp parallel reduction(| : failed) num_threads(threads)
@@ -384,21 +412,35 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t c = 0; c < chunks; c++)
                 if (!failed)
-                    score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n,
-                                bf16_dot, kf, score);
+                    score_range(&k, rq.qp, rq.wp, d, hp, c * chunk, c * chunk + chunk < n ? c * chunk + chunk : n,
+                                n, bf16_dot, kf, score);
             free(kf);
         }
     } else {    /* no team at all: an `if (0)` parallel region still builds a team of one (~2 us a prefill row) */
         float *kf = malloc(thread_floats(d, bf16_dot));
         failed = !kf;
         for (int64_t c = 0; kf && c < chunks; c++)
-            score_range(&k, qp, wp, d, hp, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, n, bf16_dot, kf,
-                        score);
+            score_range(&k, rq.qp, rq.wp, d, hp, c * chunk, c * chunk + chunk < n ? c * chunk + chunk : n, n,
+                        bf16_dot, kf, score);
         free(kf);
     }
-    free(qp);
-    free(wp);
+    row_query_free(&rq);
     return failed ? -1 : 0;
+}
+
+/* The selected pairs [take] (of with_next) written as positions idx [k] and values val [k] (li_topk's outputs,
+ * -1 / -inf past take); returns li_topk's tie code. */
+static int topk_write(const float *score, const struct topk_pair *pairs, int64_t take, int64_t with_next, int64_t k,
+                      int32_t *idx, float *val) {
+    for (int64_t i = take; i < k; i++) {
+        idx[i] = -1;
+        val[i] = -INFINITY;
+    }
+    for (int64_t i = 0; i < take; i++) {
+        val[i] = score[pairs[i].pos];
+        idx[i] = val[i] == -INFINITY ? -1 : pairs[i].pos;  /* a key scoring -inf counts as masked, as in torch */
+    }
+    return with_next > take && pairs[take].key == pairs[take - 1].key && isfinite(val[take - 1]);
 }
 
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values
@@ -407,41 +449,131 @@ int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stri
  * is then torch.topk's choice: the caller decides); -1 when out of memory. */
 int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) {
     int64_t take = k < n ? k : n, with_next = k < n ? k + 1 : n;
-    for (int64_t i = take; i < k; i++) {
-        idx[i] = -1;
-        val[i] = -INFINITY;
-    }
-    if (take == 0) return 0;
+    if (take == 0) return topk_write(score, NULL, 0, 0, k, idx, val);
     uint32_t *keys = malloc((size_t)n * sizeof *keys);
     int32_t *list = malloc((size_t)n * sizeof *list);
     struct topk_pair *pairs = malloc((size_t)(2 * with_next) * sizeof *pairs);
-    if (!keys || !list || !pairs) {
-        free(keys);
-        free(list);
-        free(pairs);
-        return -1;
+    int tie = -1;
+    if (keys && list && pairs) {
+        topk_select(score, n, with_next, keys, list, pairs, pairs + with_next);
+        tie = topk_write(score, pairs, take, with_next, k, idx, val);
     }
-    topk_select(score, n, with_next, keys, list, pairs, pairs + with_next);
-    for (int64_t i = 0; i < take; i++) {
-        val[i] = score[pairs[i].pos];
-        idx[i] = val[i] == -INFINITY ? -1 : pairs[i].pos;  /* a key scoring -inf counts as masked, as in torch */
-    }
-    int tie = with_next > take && pairs[take].key == pairs[take - 1].key && isfinite(val[take - 1]);
     free(keys);
     free(list);
     free(pairs);
     return tie;
 }
 
-/* One decode row: the scores of keys 0 .. n-1 (li_scores) into score [n], then their k largest into idx [k] and
- * val [k] (li_topk). Returns li_topk's code (0; 1: equal scores at the cut), or -1 when out of memory. */
+/* Buffers of row_topk_parallel: order keys and cut-bin positions [n], the chunks' split pairs [n], the sort's
+ * [with_next], (pairs, positions) counts per chunk, a digit count per thread, the threads' scoring buffers. */
+struct row_select {
+    uint32_t *keys;
+    int32_t *list, *hists;
+    struct topk_pair *stage, *tmp;
+    int64_t *counts;
+    char *kf;
+};
+
+static void row_select_free(struct row_select *r) {
+    free(r->keys);
+    free(r->list);
+    free(r->hists);
+    free(r->stage);
+    free(r->tmp);
+    free(r->counts);
+    free(r->kf);
+}
+
+static int row_select_init(struct row_select *r, int64_t n, int64_t with_next, int64_t chunks, int threads,
+                           size_t kf_bytes) {
+    r->keys = malloc((size_t)n * sizeof *r->keys);
+    r->list = malloc((size_t)n * sizeof *r->list);
+    r->hists = calloc((size_t)threads * TOPK_BINS, sizeof *r->hists);
+    r->stage = malloc((size_t)n * sizeof *r->stage);
+    r->tmp = malloc((size_t)with_next * sizeof *r->tmp);
+    r->counts = malloc((size_t)(2 * chunks) * sizeof *r->counts);
+    r->kf = malloc((size_t)threads * kf_bytes);
+    if (r->keys && r->list && r->hists && r->stage && r->tmp && r->counts && r->kf) return 0;
+    row_select_free(r);
+    return -1;
+}
+
+/* The chunks' split pairs and cut-bin positions (stage, list: each chunk's own stretch, counts) joined in chunk
+ * order, which is position order, at the front of stage and list; *m and *c their lengths. */
+static void join_chunks(struct row_select *r, int64_t chunks, int64_t chunk, int64_t *m, int64_t *c) {
+    *m = *c = 0;
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        memmove(r->stage + *m, r->stage + ch * chunk, (size_t)r->counts[2 * ch] * sizeof *r->stage);
+        memmove(r->list + *c, r->list + ch * chunk, (size_t)r->counts[2 * ch + 1] * sizeof *r->list);
+        *m += r->counts[2 * ch];
+        *c += r->counts[2 * ch + 1];
+    }
+}
+
+/* One decode row's scores and top-k on a team of threads, without a serial pass over its keys: each thread scores
+ * chunks as they come and counts their order keys' top digits; the counts are summed and the cut bin found
+ * (topk_cut); each chunk is split at it (topk_split) in its own stretch; the calling thread joins the stretches
+ * and finishes (topk_finish). Same result as li_scores then li_topk. */
+static int row_topk_parallel(const struct keys *k, const struct row_query *rq, int64_t d, int64_t n, int bf16_dot,
+                             int threads, int64_t k_out, float *score, int32_t *idx, float *val) {
+    int64_t take = k_out < n ? k_out : n, with_next = k_out < n ? k_out + 1 : n, need = with_next;
+    int64_t chunk = chunk_keys(n, threads), chunks = (n + chunk - 1) / chunk, m, c;
+    size_t kf_bytes = thread_floats(d, bf16_dot);
+    struct row_select r;
+    if (row_select_init(&r, n, with_next, chunks, threads, kf_bytes)) return -1;
+    uint32_t b = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        int32_t *hist = r.hists + omp_get_thread_num() * TOPK_BINS;
+        float *kf = (float *)(r.kf + omp_get_thread_num() * kf_bytes);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            int64_t s0 = ch * chunk, s1 = s0 + chunk < n ? s0 + chunk : n;
+            score_range(k, rq->qp, rq->wp, d, rq->hp, s0, s1, n, bf16_dot, kf, score);
+            for (int64_t i = s0; i < s1; i++) {
+                r.keys[i] = order_key(score[i]);
+                hist[r.keys[i] >> (32 - TOPK_DIGIT)]++;
+            }
+        }
+#pragma omp for schedule(static)      /* rows of threads that took no chunk (or were not started) are zeros */
+        for (int bin = 0; bin < TOPK_BINS; bin++)
+            for (int t = 1; t < threads; t++) r.hists[bin] += r.hists[t * TOPK_BINS + bin];
+#pragma omp single
+        b = topk_cut(r.hists, &need);
+#pragma omp for schedule(static)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            int64_t s0 = ch * chunk, s1 = s0 + chunk < n ? s0 + chunk : n, mm = 0, cc = 0;
+            topk_split(r.keys, s0, s1, b, r.stage + s0, &mm, r.list + s0, &cc);
+            r.counts[2 * ch] = mm;
+            r.counts[2 * ch + 1] = cc;
+        }
+    }
+    join_chunks(&r, chunks, chunk, &m, &c);
+    topk_finish(r.keys, r.list, c, need, r.stage, m, r.tmp);
+    int tie = topk_write(score, r.stage, take, with_next, k_out, idx, val);
+    row_select_free(&r);
+    return tie;
+}
+
+/* One decode row: the scores of keys 0 .. n-1 into score [n], then their k largest into idx [k] and val [k]: with
+ * enough work for a team and keys for the histograms, row_topk_parallel; else li_scores, then li_topk. Returns
+ * li_topk's code (0; 1: equal scores at the cut), or -1 when out of memory. */
 int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                 int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
                 int bf16_dot, int threads, int64_t k, float *score, int32_t *idx, float *val) {
-    if (li_scores(key, dtype, row_stride, block_stride, table, block_size, n, q, q_dtype, w, h, d, bf16_dot, threads,
-                  score))
-        return -1;
-    return li_topk(score, n, k, idx, val);
+    int64_t hp = (h + VL - 1) / VL * VL, with_next = k < n ? k + 1 : n;
+    if (threads < 2 || n * hp * d < PARALLEL_MIN_MACS || n * with_next <= TOPK_SMALL) {
+        if (li_scores(key, dtype, row_stride, block_stride, table, block_size, n, q, q_dtype, w, h, d, bf16_dot,
+                      threads, score))
+            return -1;
+        return li_topk(score, n, k, idx, val);
+    }
+    struct keys keys = {key, dtype, row_stride, block_stride, table, block_size};
+    struct row_query rq;
+    if (row_query_init(&rq, q, q_dtype, w, h, d, bf16_dot)) return -1;
+    int code = row_topk_parallel(&keys, &rq, d, n, bf16_dot, threads, k, score, idx, val);
+    row_query_free(&rq);
+    return code;
 }
 
 /* Several query rows of one batch (a prefill): row t (t < rows) scores keys 0 .. limits[t]-1 with query

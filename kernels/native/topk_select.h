@@ -5,7 +5,8 @@
  * the bin that holds the k-th largest is found from the top, a second pass keeps the keys above it and lists the
  * keys in it (in position order), and only that short list is refined digit by digit. The k kept keys are then
  * sorted by a stable radix sort of (key, position) pairs, so equal keys keep position order. Few keys (a prefill
- * row of a short prompt) are inserted into a sorted list instead.
+ * row of a short prompt) are inserted into a sorted list instead. The phases (topk_cut, topk_split, topk_finish)
+ * also serve a decode row whose keys are scored by several threads: each counts and splits its own chunks.
  */
 #ifndef ASCEND_DSA_TOPK_SELECT_H
 #define ASCEND_DSA_TOPK_SELECT_H
@@ -78,6 +79,42 @@ static void topk_insert(const float *score, int64_t n, int64_t take, struct topk
     }
 }
 
+/* The digit (of the top TOPK_DIGIT bits) whose bin holds the need-th largest key, from the counts hist
+ * [TOPK_BINS]; need becomes how many keys of that bin still belong to the top. */
+static uint32_t topk_cut(const int32_t *hist, int64_t *need) {
+    uint32_t b = TOPK_BINS - 1;
+    while (hist[b] < *need) *need -= hist[b--];
+    return b;
+}
+
+/* Keys start .. end-1 split at the cut digit b (top TOPK_DIGIT bits): (key, position) pairs of larger digits to
+ * pairs[*m ...], positions of digit b to list[*c ...], both in position order. */
+static void topk_split(const uint32_t *keys, int64_t start, int64_t end, uint32_t b, struct topk_pair *pairs,
+                       int64_t *m, int32_t *list, int64_t *c) {
+    const int shift = 32 - TOPK_DIGIT;
+    int64_t mm = *m, cc = *c;
+    for (int64_t i = start; i < end; i++) {     /* written always, kept by the count: no branch on random digits */
+        uint32_t digit = keys[i] >> shift;
+        pairs[mm] = (struct topk_pair){keys[i], (int32_t)i};
+        list[cc] = (int32_t)i;
+        mm += digit > b;
+        cc += digit == b;
+    }
+    *m = mm;
+    *c = cc;
+}
+
+/* After topk_split: the list's c keys (the cut bin) refined by the lower digits, the need largest of them
+ * appended to pairs[0:m], and the take pairs sorted (tmp: take pairs). */
+static void topk_finish(const uint32_t *keys, int32_t *list, int64_t c, int64_t need, struct topk_pair *pairs,
+                        int64_t m, struct topk_pair *tmp) {
+    const int shift = 32 - TOPK_DIGIT;
+    c = topk_refine(keys, list, c, shift - TOPK_DIGIT, TOPK_BINS, &need, pairs, &m);
+    c = topk_refine(keys, list, c, 0, 1u << (shift - TOPK_DIGIT), &need, pairs, &m);
+    for (int64_t i = 0; i < need; i++) pairs[m++] = (struct topk_pair){keys[list[i]], list[i]};   /* equal keys */
+    topk_sort(pairs, tmp, m);
+}
+
 /* The take (1 <= take <= n) largest of score[0:n] in pairs[0:take], sorted as torch.topk sorts them (header).
  * scratch: n keys and n positions; tmp: take pairs. */
 static void topk_select(const float *score, int64_t n, int64_t take, uint32_t *keys, int32_t *list,
@@ -90,20 +127,11 @@ static void topk_select(const float *score, int64_t n, int64_t take, uint32_t *k
     for (int64_t i = 0; i < n; i++) keys[i] = order_key(score[i]);
     int32_t hist[2][TOPK_BINS] = {{0}};     /* two tables: runs of equal digits do not wait on one counter */
     for (int64_t i = 0; i < n; i++) hist[i & 1][keys[i] >> shift]++;
+    for (int i = 0; i < TOPK_BINS; i++) hist[0][i] += hist[1][i];
     int64_t need = take, m = 0, c = 0;
-    uint32_t b = TOPK_BINS - 1;
-    while (hist[0][b] + hist[1][b] < need) need -= hist[0][b] + hist[1][b], b--;
-    for (int64_t i = 0; i < n; i++) {     /* written always, kept by the count: no branch on random digits */
-        uint32_t digit = keys[i] >> shift;
-        pairs[m] = (struct topk_pair){keys[i], (int32_t)i};
-        list[c] = (int32_t)i;
-        m += digit > b;
-        c += digit == b;
-    }
-    c = topk_refine(keys, list, c, shift - TOPK_DIGIT, TOPK_BINS, &need, pairs, &m);
-    c = topk_refine(keys, list, c, 0, 1u << (shift - TOPK_DIGIT), &need, pairs, &m);
-    for (int64_t i = 0; i < need; i++) pairs[m++] = (struct topk_pair){keys[list[i]], list[i]};   /* equal keys */
-    topk_sort(pairs, tmp, m);
+    uint32_t b = topk_cut(hist[0], &need);
+    topk_split(keys, 0, n, b, pairs, &m, list, &c);
+    topk_finish(keys, list, c, need, pairs, m, tmp);
 }
 
 #endif
