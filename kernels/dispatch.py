@@ -1,5 +1,5 @@
 """Measured dispatch: whether a fused op (or an ATen call the runtime binds) runs its native kernel or its torch
-path, decided from measurements on this CPU, per instruction-set level and shape class.
+path, decided from measurements on this CPU, per instruction-set level, thread count and shape class.
 
 A native kernel is taken only where it is faster than the path it replaces. The first call of an op in a shape
 class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
@@ -138,7 +138,15 @@ def _paths_digest() -> str:
 def _key(op: str, library: str, cls: tuple) -> str:
     loaded = native.load(library)
     build = Path(loaded.reason).stem if loaded else library
-    return f"{op}|{cpu_isa.active()}|{build}|{_paths_digest()}|{cls}"
+    return f"{op}|{cpu_isa.active()}|{build}|{_paths_digest()}|{cls}|{torch.get_num_threads()} threads"
+
+
+def _slot(op: str, level: str, cls: tuple) -> tuple:
+    """The in-process key of a class: its op, level and class at this process's thread count. The thread count is
+    part of every choice: a path that wins on 2 threads can lose on 16 (on a 16-core Xeon at the forced avx2 level
+    the indexer's call took 1.5 ms on 16 threads in a process that had measured its class on 2, 0.78 ms in one that
+    measured it on 16)."""
+    return op, level, cls, torch.get_num_threads()
 
 
 def lookup(op: str, library: str, cls: tuple) -> Choice | None:
@@ -180,7 +188,7 @@ def _labelled(impl: str, level: str) -> tuple[str, str]:
 
 
 def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
-    known = _known[(op, level, cls)] = _labelled(impl, level)
+    known = _known[_slot(op, level, cls)] = _labelled(impl, level)
     _used.setdefault(op, set()).add(known[1])
     return known
 
@@ -193,9 +201,9 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     class's calls meet in use); the class should then say so, as the table keeps one choice per class."""
     level = cpu_isa.active()
     # a decode step makes ~40 of these calls: one lookup each
-    known = _labelled("native", level) if mode() == "force" else _known.get((op, level, cls))
+    known = _labelled("native", level) if mode() == "force" else _known.get(_slot(op, level, cls))
     if known is None:
-        pending = _provisional.get((op, level, cls))
+        pending = _provisional.get(_slot(op, level, cls))
         if pending is not None and time.monotonic() < pending[1]:
             known = _labelled(pending[0], level)
         else:
@@ -227,13 +235,13 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
     with _outside_modes():
         result, choice = _measure(native_fn, torch_fn, prepare)
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
-    if (op, level, cls) not in _provisional and slow < CLOSE * fast:
+    if _slot(op, level, cls) not in _provisional and slow < CLOSE * fast:
         deadline = time.monotonic() + REMEASURE_S
-        _provisional[(op, level, cls)] = (choice.impl, deadline)
+        _provisional[_slot(op, level, cls)] = (choice.impl, deadline)
         call_plans.clear_all_at(deadline)       # the plans made from the provisional choice go with it
         _used.setdefault(op, set()).add(_labelled(choice.impl, level)[1])
         return result
-    _provisional.pop((op, level, cls), None)
+    _provisional.pop(_slot(op, level, cls), None)
     _save(_key(op, library, cls), choice)
     _remember(op, level, cls, choice.impl)
     return result
@@ -246,10 +254,10 @@ def known(op: str, cls: tuple) -> str | None:
     if mode() == "force":
         return "native"
     level = cpu_isa.active()
-    found = _known.get((op, level, cls))
+    found = _known.get(_slot(op, level, cls))
     if found is not None:
         return found[0]
-    pending = _provisional.get((op, level, cls))
+    pending = _provisional.get(_slot(op, level, cls))
     return pending[0] if pending is not None and time.monotonic() < pending[1] else None
 
 
@@ -270,7 +278,7 @@ def describe(op: str, library: str, cls: tuple) -> dict[str, Any]:
     if not native.load(library):
         return {"level": level, "impl": "torch", "why": native.load(library).reason}
     choice = lookup(op, library, cls)
-    pending = _provisional.get((op, level, cls))
+    pending = _provisional.get(_slot(op, level, cls))
     if choice is None and pending is not None:
         return {"level": level, "impl": pending[0], "why": f"provisional: both paths within {CLOSE}x at first "
                                                             "use, measured again at a later call"}
