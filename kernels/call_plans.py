@@ -10,11 +10,11 @@ An op keeps a `Plans`: the first call of a signature takes the full path and the
 with those decisions made and the native entry's arguments precomputed; every later call of the signature is
 one dictionary lookup and the plan. A signature must hold everything the decisions read (the plan is right for
 every call that has it). Plans are keyed by the native settings too (`settings()`: ASCEND_DSA_NATIVE, the
-level, the extra compiler flags, and a dispatch measurement's torch path on this thread), so changing them
-takes effect at the next call as before. A plan is stored only once dispatch has a choice for its class
-(`dispatch.known`); a provisional choice's plans serve until the choice expires (`clear_all_at`), then every
-plan is made again, from the class measured once more. While a profiler records, no plan is used: the full path
-records its events.
+level, the extra compiler flags, a dispatch measurement's torch path on this thread, and torch's thread count,
+which dispatch measures each choice at), so changing them takes effect at the next call as before. A plan is
+stored only once dispatch has a choice for its class (`dispatch.known`); a provisional choice's plans serve until
+the choice expires (`clear_all_at`), then every plan is made again, from the class measured once more. While a
+profiler records, no plan is used: the full path records its events.
 Argument checks are not cached here (inside a compiled graph the static ones are skipped already); checks on
 data stay in the plans.
 """
@@ -38,7 +38,7 @@ _CLEAR_AT: list[float] = []     # a heap of the times at which every plan is for
 
 def settings() -> tuple[Any, ...]:
     """What every plan depends on besides its signature (module docstring)."""
-    return env_settings.token(), native.is_disabled()
+    return env_settings.token(), native.is_disabled(), torch.get_num_threads()
 
 
 class Plans:

@@ -58,6 +58,22 @@ def test_a_changed_setting_is_planned_again(monkeypatch):
     assert len(rms_module._PLANS) == 2
 
 
+def test_another_thread_count_is_planned_again(monkeypatch):
+    """A plan holds the implementation dispatch measured at the thread count of its first call: after
+    torch.set_num_threads the call is planned (and measured) again."""
+    x, gamma = torch.randn(1, 32), torch.rand(32)
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    before = torch.get_num_threads()
+    try:
+        OPS.rms_norm(x, gamma)
+        assert len(rms_module._PLANS) == 1
+        torch.set_num_threads(1 if before > 1 else 2)
+        OPS.rms_norm(x, gamma)
+        assert len(rms_module._PLANS) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_profiling_and_take_used_take_the_full_path():
     x, gamma = torch.randn(1, 32), torch.rand(32)
     OPS.rms_norm(x, gamma)
