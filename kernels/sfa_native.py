@@ -30,13 +30,6 @@ def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool, bool]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16()), bool(has_bf16_dot())
 
 
-def bf16_dot_build() -> bool:
-    """Whether the loaded build scores bf16 queries with bf16 dot products (AVX512-BF16), which only the per-batch
-    path (sfa_attend) asks for."""
-    loaded = native.load(NATIVE_SOURCE)
-    return bool(loaded) and _typed_kernel(loaded.lib)[2]
-
-
 def call_entry() -> ctypes._CFuncPtr:
     """sfa_call, the whole-call entry the plans use (kernels/sfa_plan.py), of the library native_kernel loaded."""
     return _typed_call(native.load(NATIVE_SOURCE).lib)

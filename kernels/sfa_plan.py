@@ -5,8 +5,9 @@ reads the KV tensors, and then for each batch takes views of the query, keys, in
 their addresses; a decode call (one query token, a few selected rows) spent ~0.1 ms on that and ~5 us in the
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
 fp32 queries (copied first when their rows do not lie one after another) and bf16 / fp16 ones widened to fp32
-(`takes`: a bf16 decode call on the AVX2 EPYC spent ~0.4 ms of 1.1 in the per-batch path's Python), KV in the
-BSND layout or paged, and
+(`takes`: a bf16 decode call on the AVX2 EPYC spent ~0.4 ms of 1.1 in the per-batch path's Python; bf16 queries
+and KV ask for the bf16 dot products where the build has them, as the per-batch path does), KV in the BSND layout
+or paged, and
 addresses each batch's rows from the tensors' base pointers (a paged cache's through the block table) with the
 strides fixed; the data checks (sparse_indices, the sequence lengths, the block table, the key starts of a
 left-padded batch) still run at every call, and a kernel that cannot get its scratch memory still sends the call
@@ -37,16 +38,11 @@ def _rows_contiguous(x: Tensor) -> bool:
 
 def takes(query: Tensor, query_rope: Tensor | None) -> bool:
     """Whether `native_plan` serves this signature (KV BSND or paged): an fp32 query (and rope), or a bf16 or fp16
-    one, which the plan widens to fp32 and whose output it rounds back to the query's dtype — as the per-batch path
-    computes them — except bf16 where the build has bf16 dot products (sfa_native.bf16_dot_build), a mode only
-    the per-batch path asks for. Queries whose rows do not lie one after another (heads transposed from
-    [B, N1, S1, D]) are copied first."""
+    one, which the plan widens to fp32 and whose output it rounds back to the query's dtype, as the per-batch path
+    computes them. Queries whose rows do not lie one after another (heads transposed from [B, N1, S1, D]) are
+    copied first."""
     dtypes = {query.dtype} | ({query_rope.dtype} if query_rope is not None else set())
-    if dtypes == {torch.float32}:
-        return True
-    if len(dtypes) != 1 or not dtypes <= {torch.bfloat16, torch.float16}:
-        return False
-    return not (dtypes == {torch.bfloat16} and sfa_native.bf16_dot_build())
+    return dtypes == {torch.float32} or (len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16})
 
 
 def _as_fp32_rows(x: Tensor | None) -> Tensor | None:
@@ -71,7 +67,7 @@ class CallArgs(ctypes.Structure):
         "batch", "s1", "H", "DL", "DR", "K", "block", "block_size", "num_blocks", "q_batch", "qr_batch", "idx_batch",
         "idx_token", "table_row", "kv_stride", "value_stride", "rope_stride", "split_rows")),
                 *((name, ctypes.c_int) for name in ("idx64", "table64", "lq64", "lkv64", "causal", "kv_dtype",
-                                                    "rope_dtype"))]
+                                                    "rope_dtype", "bf16_dot"))]
 
 
 _BAD_DATA = {2: "actual_seq_lengths_query", 3: "actual_seq_lengths_kv", 4: "sparse_indices", 5: "block_table"}
@@ -80,9 +76,10 @@ _PADDED_BLOCKS = 6
 
 def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_indices: Tensor,
                block_table: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
-               sparse_block_size: int, sparse_mode: int) -> CallArgs:
-    """The fixed part of the kernel's arguments for this signature; dtypes: those of sparse_indices, block_table and
-    the two lengths as the kernel reads them (contiguous: their strides follow from their shapes)."""
+               sparse_block_size: int, sparse_mode: int, bf16_dot: bool) -> CallArgs:
+    """The fixed part of the kernel's arguments for this signature (query and query_rope as the kernel reads them,
+    fp32); dtypes: those of sparse_indices, block_table and the two lengths as the kernel reads them (contiguous:
+    their strides follow from their shapes); bf16_dot: the stored query and rope are bf16."""
     batch, s1, n1, dl = query.shape
     top_k = sparse_indices.shape[3]
     return CallArgs(batch, s1, n1, dl, 0 if query_rope is None else query_rope.shape[3], top_k,
@@ -91,7 +88,8 @@ def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_
                     0 if block_table is None else block_table.shape[1], key.stride(1), value.stride(1),
                     0 if key_rope is None else key_rope.stride(1), sfa_native.NATIVE_SPLIT_ROWS,
                     *(dtype is torch.int64 for dtype in dtypes), sparse_mode == 3,
-                    native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[(key if key_rope is None else key_rope).dtype])
+                    native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[(key if key_rope is None else key_rope).dtype],
+                    bf16_dot)
 
 
 def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
@@ -103,8 +101,9 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     `full_path`."""
     dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
+    bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
     fixed = _call_args(_as_fp32_rows(query), key, value, dtypes, sparse_indices, block_table,
-                       _as_fp32_rows(query_rope), key_rope, sparse_block_size, sparse_mode)
+                       _as_fp32_rows(query_rope), key_rope, sparse_block_size, sparse_mode, bf16_dot)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
     out_dtype, out_shape, stats = query.dtype, tuple(query.shape), tuple(query.shape[:3])

@@ -705,11 +705,12 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
 
 /* What a plan (kernels/sfa_plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
  * q and q_rope are fp32 with each batch's rows contiguous; sparse_indices [B][S1][1][K], the lengths [B] and the
- * block table [B][table_row] are int32 or int64 (the *64 flags). */
+ * block table [B][table_row] are int32 or int64 (the *64 flags); bf16_dot as sfa_attend takes it (q and q_rope
+ * holding bf16 values, the output rounded to bf16 by the caller). */
 struct sfa_call_args {
     int64_t batch, s1, H, DL, DR, K, block, block_size, num_blocks;
     int64_t q_batch, qr_batch, idx_batch, idx_token, table_row, kv_stride, value_stride, rope_stride, split_rows;
-    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype;
+    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype, bf16_dot;
 };
 
 enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
@@ -766,7 +767,7 @@ int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope,
                            a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
                            value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,
                            rope ? (const char *)rope + b * rope_batch * rope_item : NULL, a->rope_stride,
-                           a->kv_dtype, a->rope_dtype, scale, 0, threads, a->split_rows, o, mx, sm))
+                           a->kv_dtype, a->rope_dtype, scale, a->bf16_dot, threads, a->split_rows, o, mx, sm))
             return SFA_NO_MEMORY;
         memset(o + lq[b] * a->H * a->DL, 0, (size_t)((a->s1 - lq[b]) * a->H * a->DL) * sizeof(float));
         memset(sm + lq[b] * a->H, 0, (size_t)((a->s1 - lq[b]) * a->H) * sizeof(float));
