@@ -30,6 +30,12 @@ def _typed_kernel(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, bool, bool]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_attend"), bool(has_f16()), bool(has_bf16_dot())
 
 
+def reads_f16() -> bool:
+    """Whether the loaded build reads (and writes) fp16 values (F16C or the compiler's _Float16)."""
+    loaded = native.load(NATIVE_SOURCE)
+    return bool(loaded) and _typed_kernel(loaded.lib)[1]
+
+
 def call_entry() -> ctypes._CFuncPtr:
     """sfa_call, the whole-call entry the plans use (kernels/sfa_plan.py), of the library native_kernel loaded."""
     return _typed_call(native.load(NATIVE_SOURCE).lib)

@@ -4,10 +4,11 @@ The op's CPU path decides at every call which implementation runs (kernels/dispa
 reads the KV tensors, and then for each batch takes views of the query, keys, indices and outputs only to read
 their addresses; a decode call (one query token, a few selected rows) spent ~0.1 ms on that and ~5 us in the
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
-fp32 queries (copied first when their rows do not lie one after another) and bf16 / fp16 ones widened to fp32
-(`takes`: a bf16 decode call on the AVX2 EPYC spent ~0.4 ms of 1.1 in the per-batch path's Python; bf16 queries
-and KV ask for the bf16 dot products where the build has them, as the per-batch path does), KV in the BSND layout
-or paged, and
+fp32, bf16 and fp16 queries as stored (copied first when their rows do not lie one after another; the kernel
+widens 16-bit ones and rounds the output back to their dtype itself: three torch calls fewer a call, 12 us in a
+loop and ~90 us right after other work on the Zen 4) (`takes`: a bf16 decode call on the AVX2 EPYC spent ~0.4 ms
+of 1.1 in the per-batch path's Python; bf16 queries and KV ask for the bf16 dot products where the build has
+them, as the per-batch path does), KV in the BSND layout or paged, and
 addresses each batch's rows from the tensors' base pointers (a paged cache's through the block table) with the
 strides fixed; the data checks (sparse_indices, the sequence lengths, the block table, the key starts of a
 left-padded batch) still run at every call, and a kernel that cannot get its scratch memory still sends the call
@@ -38,18 +39,19 @@ def _rows_contiguous(x: Tensor) -> bool:
 
 def takes(query: Tensor, query_rope: Tensor | None) -> bool:
     """Whether `native_plan` serves this signature (KV BSND or paged): an fp32 query (and rope), or a bf16 or fp16
-    one, which the plan widens to fp32 and whose output it rounds back to the query's dtype, as the per-batch path
-    computes them. Queries whose rows do not lie one after another (heads transposed from [B, N1, S1, D]) are
-    copied first."""
+    one (fp16 where the build reads it), which the kernel widens to fp32 and whose output it rounds back to the
+    query's dtype, as the per-batch path computes them. Queries whose rows do not lie one after another (heads
+    transposed from [B, N1, S1, D]) are copied first."""
     dtypes = {query.dtype} | ({query_rope.dtype} if query_rope is not None else set())
-    return dtypes == {torch.float32} or (len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16})
+    if dtypes == {torch.float16}:
+        return sfa_native.reads_f16()
+    return dtypes == {torch.float32} or dtypes == {torch.bfloat16}
 
 
-def _as_fp32_rows(x: Tensor | None) -> Tensor | None:
-    """x as the plan hands it to the kernel: fp32 with its rows one after another (a copy unless it is already)."""
-    if x is None or (x.dtype == torch.float32 and _rows_contiguous(x)):
-        return x
-    return x.float().contiguous()
+def _as_rows(x: Tensor | None) -> Tensor | None:
+    """x as the plan hands it to the kernel, which widens 16-bit values itself: its rows one after another (a copy
+    unless they are already)."""
+    return x if x is None or _rows_contiguous(x) else x.contiguous()
 
 
 def outputs(query: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -67,7 +69,7 @@ class CallArgs(ctypes.Structure):
         "batch", "s1", "H", "DL", "DR", "K", "block", "block_size", "num_blocks", "q_batch", "qr_batch", "idx_batch",
         "idx_token", "table_row", "kv_stride", "value_stride", "rope_stride", "split_rows")),
                 *((name, ctypes.c_int) for name in ("idx64", "table64", "lq64", "lkv64", "causal", "kv_dtype",
-                                                    "rope_dtype", "bf16_dot"))]
+                                                    "rope_dtype", "bf16_dot", "q_dtype", "out_dtype"))]
 
 
 _BAD_DATA = {2: "actual_seq_lengths_query", 3: "actual_seq_lengths_kv", 4: "sparse_indices", 5: "block_table"}
@@ -77,9 +79,10 @@ _PADDED_BLOCKS = 6
 def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_indices: Tensor,
                block_table: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
                sparse_block_size: int, sparse_mode: int, bf16_dot: bool) -> CallArgs:
-    """The fixed part of the kernel's arguments for this signature (query and query_rope as the kernel reads them,
-    fp32); dtypes: those of sparse_indices, block_table and the two lengths as the kernel reads them (contiguous:
-    their strides follow from their shapes); bf16_dot: the stored query and rope are bf16."""
+    """The fixed part of the kernel's arguments for this signature (query and query_rope as the kernel reads them;
+    the output in the query's dtype); dtypes: those of sparse_indices, block_table and the two lengths as the
+    kernel reads them (contiguous: their strides follow from their shapes); bf16_dot: the stored query and rope
+    are bf16."""
     batch, s1, n1, dl = query.shape
     top_k = sparse_indices.shape[3]
     return CallArgs(batch, s1, n1, dl, 0 if query_rope is None else query_rope.shape[3], top_k,
@@ -89,7 +92,7 @@ def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_
                     0 if key_rope is None else key_rope.stride(1), sfa_native.NATIVE_SPLIT_ROWS,
                     *(dtype is torch.int64 for dtype in dtypes), sparse_mode == 3,
                     native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[(key if key_rope is None else key_rope).dtype],
-                    bf16_dot)
+                    bf16_dot, native.DTYPE_CODES[query.dtype], native.DTYPE_CODES[query.dtype])
 
 
 def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
@@ -102,8 +105,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
     bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
-    fixed = _call_args(_as_fp32_rows(query), key, value, dtypes, sparse_indices, block_table,
-                       _as_fp32_rows(query_rope), key_rope, sparse_block_size, sparse_mode, bf16_dot)
+    fixed = _call_args(_as_rows(query), key, value, dtypes, sparse_indices, block_table,
+                       _as_rows(query_rope), key_rope, sparse_block_size, sparse_mode, bf16_dot)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
     out_dtype, out_shape, stats = query.dtype, tuple(query.shape), tuple(query.shape[:3])
@@ -114,10 +117,10 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
              key_scale: Tensor | None, value_scale: Tensor | None,
              key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         idx, table = as_int(sparse_indices, idx_dtype), as_int(block_table, table_dtype)
-        q, q_rope = _as_fp32_rows(query), _as_fp32_rows(query_rope)
+        q, q_rope = _as_rows(query), _as_rows(query_rope)
         starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
         lq, lkv = as_int(actual_seq_lengths_query, lq_dtype), as_int(actual_seq_lengths_kv, lkv_dtype)
-        out = torch.empty(*out_shape, dtype=torch.float32)      # sizes as ints: a torch.Size costs ~1.5 us more
+        out = torch.empty(*out_shape, dtype=out_dtype)      # sizes as ints: a torch.Size costs ~1.5 us more
         smax, ssum = torch.empty(*stats, dtype=torch.float32), torch.empty(*stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         status = entry(args, q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), idx.data_ptr(),
@@ -129,7 +132,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
                        0 if paged or key_rope is None else key_rope.stride(0), scale_value, torch.get_num_threads(),
                        out.data_ptr(), smax.data_ptr(), ssum.data_ptr())
         if status == 0:
-            return (out if out_dtype is torch.float32 else out.to(out_dtype)), smax, ssum
+            return out, smax, ssum
         if status == _PADDED_BLOCKS:
             drop_padding(sparse_indices, key_starts, sparse_block_size)      # raises: padding needs block 1
         if status in _BAD_DATA:          # the Python checks raise with their messages

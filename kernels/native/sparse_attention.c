@@ -48,8 +48,9 @@ static int sfa_has_amx(void) {
 }
 
 /* Per-thread scratch slots, grown on demand and kept across calls (OpenMP threads persist):
- * 0 chunk buffers, 1 running state of the parts, 2 transposed query. */
-static __thread struct { float *p; size_t cap; } slots[3];
+ * 0 chunk buffers, 1 running state of the parts, 2 transposed query; sfa_call's 3 query and 4 query rope widened
+ * to fp32, 5 fp32 output of a 16-bit one. */
+static __thread struct { float *p; size_t cap; } slots[6];
 
 static float *scratch(int slot, size_t floats) {
     if (floats > slots[slot].cap) {
@@ -704,13 +705,13 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
 }
 
 /* What a plan (kernels/sfa_plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
- * q and q_rope are fp32 with each batch's rows contiguous; sparse_indices [B][S1][1][K], the lengths [B] and the
- * block table [B][table_row] are int32 or int64 (the *64 flags); bf16_dot as sfa_attend takes it (q and q_rope
- * holding bf16 values, the output rounded to bf16 by the caller). */
+ * q and q_rope (of q_dtype: F32, BF16 or F16, both) have each batch's rows contiguous; the output is of out_dtype;
+ * sparse_indices [B][S1][1][K], the lengths [B] and the block table [B][table_row] are int32 or int64 (the *64
+ * flags); bf16_dot as sfa_attend takes it (q and q_rope bf16, and so the output). */
 struct sfa_call_args {
     int64_t batch, s1, H, DL, DR, K, block, block_size, num_blocks;
     int64_t q_batch, qr_batch, idx_batch, idx_token, table_row, kv_stride, value_stride, rope_stride, split_rows;
-    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype, bf16_dot;
+    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype, bf16_dot, q_dtype, out_dtype;
 };
 
 enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
@@ -736,18 +737,29 @@ static int check_call(const struct sfa_call_args *a, const char *idx, const char
     return SFA_OK;
 }
 
+/* The n values of a query at x + offset elements (of type dtype) as fp32: x itself for F32, else widened into the
+ * calling thread's scratch slot (NULL when it cannot be allocated). */
+static const float *query_f32(const void *x, int dtype, int64_t offset, int64_t n, int slot) {
+    if (dtype == F32) return (const float *)x + offset;
+    float *f = scratch(slot, (size_t)n);
+    if (f) row_to_f32(f, (const char *)x + offset * 2, dtype, n);
+    return f;
+}
+
 /* One whole call of the op over every batch (the plan's entry): check_call, then sfa_attend per batch; tokens past
- * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). starts (int32 or
- * int64 [B], starts64; or NULL): each batch's key start, entries below it skipped (kernels/key_windows.py; only
- * with block 1, else SFA_PADDED_BLOCKS for a start > 0, which the caller refuses). capacity: positions
- * of the KV (rows of a BSND cache, blocks x block size of a paged one); kv_batch, value_batch, rope_batch:
- * elements between batches (0 when paged). Returns SFA_OK or the first failed check's code (SFA_NO_MEMORY: the
- * scratch memory could not be allocated, the outputs of some batch are not written). */
-int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope, const void *idx, const void *table,
+ * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). q and q_rope are
+ * read as a->q_dtype (16-bit ones widened to fp32 here, a batch at a time), out is written as a->out_dtype (16-bit:
+ * rounded to nearest even from the fp32 result). starts (int32 or int64 [B], starts64; or NULL): each batch's key
+ * start, entries below it skipped (kernels/key_windows.py; only with block 1, else SFA_PADDED_BLOCKS for a start
+ * > 0, which the caller refuses). capacity: positions of the KV (rows of a BSND cache, blocks x block size of a
+ * paged one); kv_batch, value_batch, rope_batch: elements between batches (0 when paged). Returns SFA_OK or the
+ * first failed check's code (SFA_NO_MEMORY: the scratch memory could not be allocated, the outputs of some batch
+ * are not written). */
+int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, const void *idx, const void *table,
              const void *lq_len, const void *lkv_len, const void *starts, int starts64, int64_t capacity,
              const void *kv, int64_t kv_batch,
              const void *value, int64_t value_batch, const void *rope, int64_t rope_batch, float scale, int threads,
-             float *out, float *smax, float *ssum) {
+             void *out, float *smax, float *ssum) {
     int64_t lq[a->batch], lkv[a->batch], start[a->batch];
     int status = check_call(a, idx, table, lq_len, lkv_len, capacity, lq, lkv);
     if (status != SFA_OK) return status;
@@ -755,21 +767,26 @@ int sfa_call(const struct sfa_call_args *a, const float *q, const float *q_rope,
         start[b] = starts ? int_at(starts, starts64, b) : 0;
         if (start[b] != 0 && a->block != 1) return SFA_PADDED_BLOCKS;
     }
-    int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype);
-    int64_t DR = rope ? a->DR : 0, idx_item = a->idx64 ? 8 : 4, table_item = a->table64 ? 8 : 4;
+    int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype), out_item = elem_size(a->out_dtype);
+    int64_t DR = rope ? a->DR : 0, idx_item = a->idx64 ? 8 : 4, table_item = a->table64 ? 8 : 4, row = a->H * a->DL;
     for (int64_t b = 0; b < a->batch; b++) {
-        float *o = out + b * a->s1 * a->H * a->DL, *mx = smax + b * a->s1 * a->H, *sm = ssum + b * a->s1 * a->H;
+        char *ob = (char *)out + b * a->s1 * row * out_item;
+        float *mx = smax + b * a->s1 * a->H, *sm = ssum + b * a->s1 * a->H;
+        const float *qb = query_f32(q, a->q_dtype, b * a->q_batch, lq[b] * row, 3);
+        const float *qrb = q_rope ? query_f32(q_rope, a->q_dtype, b * a->qr_batch, lq[b] * a->H * DR, 4) : NULL;
+        float *o = a->out_dtype == F32 ? (float *)ob : scratch(5, (size_t)(lq[b] * row));
         if (lq[b] > 0
-            && !sfa_attend(q + b * a->q_batch, q_rope ? q_rope + b * a->qr_batch : NULL, a->H, a->DL, DR,
-                           (const char *)idx + b * a->idx_batch * idx_item, a->idx64, a->idx_token, a->K, a->block,
-                           lq[b], lkv[b], a->causal, start[b],
-                           table ? (const char *)table + b * a->table_row * table_item : NULL, a->table64,
-                           a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
-                           value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,
-                           rope ? (const char *)rope + b * rope_batch * rope_item : NULL, a->rope_stride,
-                           a->kv_dtype, a->rope_dtype, scale, a->bf16_dot, threads, a->split_rows, o, mx, sm))
+            && (!qb || (q_rope && !qrb) || !o
+                || !sfa_attend(qb, qrb, a->H, a->DL, DR, (const char *)idx + b * a->idx_batch * idx_item, a->idx64,
+                               a->idx_token, a->K, a->block, lq[b], lkv[b], a->causal, start[b],
+                               table ? (const char *)table + b * a->table_row * table_item : NULL, a->table64,
+                               a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
+                               value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,
+                               rope ? (const char *)rope + b * rope_batch * rope_item : NULL, a->rope_stride,
+                               a->kv_dtype, a->rope_dtype, scale, a->bf16_dot, threads, a->split_rows, o, mx, sm)))
             return SFA_NO_MEMORY;
-        memset(o + lq[b] * a->H * a->DL, 0, (size_t)((a->s1 - lq[b]) * a->H * a->DL) * sizeof(float));
+        if (a->out_dtype != F32) row_from_f32(ob, a->out_dtype, o, lq[b] * row);
+        memset(ob + lq[b] * row * out_item, 0, (size_t)((a->s1 - lq[b]) * row * out_item));
         memset(sm + lq[b] * a->H, 0, (size_t)((a->s1 - lq[b]) * a->H) * sizeof(float));
         for (int64_t i = lq[b] * a->H; i < a->s1 * a->H; i++) mx[i] = -INFINITY;
     }
