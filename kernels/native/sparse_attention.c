@@ -773,10 +773,11 @@ int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, c
         char *ob = (char *)out + b * a->s1 * row * out_item;
         float *mx = smax + b * a->s1 * a->H, *sm = ssum + b * a->s1 * a->H;
         const float *qb = query_f32(q, a->q_dtype, b * a->q_batch, lq[b] * row, 3);
-        const float *qrb = q_rope ? query_f32(q_rope, a->q_dtype, b * a->qr_batch, lq[b] * a->H * DR, 4) : NULL;
+        const float *qrb = q_rope && DR ? query_f32(q_rope, a->q_dtype, b * a->qr_batch, lq[b] * a->H * DR, 4)
+                                        : NULL;
         float *o = a->out_dtype == F32 ? (float *)ob : scratch(5, (size_t)(lq[b] * row));
         if (lq[b] > 0
-            && (!qb || (q_rope && !qrb) || !o
+            && (!qb || (q_rope && DR && !qrb) || !o
                 || !sfa_attend(qb, qrb, a->H, a->DL, DR, (const char *)idx + b * a->idx_batch * idx_item, a->idx64,
                                a->idx_token, a->K, a->block, lq[b], lkv[b], a->causal, start[b],
                                table ? (const char *)table + b * a->table_row * table_item : NULL, a->table64,
