@@ -69,7 +69,7 @@ class CallArgs(ctypes.Structure):
         "batch", "s1", "H", "DL", "DR", "K", "block", "block_size", "num_blocks", "q_batch", "qr_batch", "idx_batch",
         "idx_token", "table_row", "kv_stride", "value_stride", "rope_stride", "split_rows")),
                 *((name, ctypes.c_int) for name in ("idx64", "table64", "lq64", "lkv64", "causal", "kv_dtype",
-                                                    "rope_dtype", "bf16_dot", "q_dtype", "out_dtype"))]
+                                                    "rope_dtype", "q_dtype"))]
 
 
 _BAD_DATA = {2: "actual_seq_lengths_query", 3: "actual_seq_lengths_kv", 4: "sparse_indices", 5: "block_table"}
@@ -78,11 +78,10 @@ _PADDED_BLOCKS = 6
 
 def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_indices: Tensor,
                block_table: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
-               sparse_block_size: int, sparse_mode: int, bf16_dot: bool) -> CallArgs:
-    """The fixed part of the kernel's arguments for this signature (query and query_rope as the kernel reads them;
-    the output in the query's dtype); dtypes: those of sparse_indices, block_table and the two lengths as the
-    kernel reads them (contiguous: their strides follow from their shapes); bf16_dot: the stored query and rope
-    are bf16."""
+               sparse_block_size: int, sparse_mode: int) -> CallArgs:
+    """The fixed part of the kernel's arguments for this signature (query and query_rope as the kernel reads them,
+    in their dtype, which is the output's); dtypes: those of sparse_indices, block_table and the two lengths as
+    the kernel reads them (contiguous: their strides follow from their shapes)."""
     batch, s1, n1, dl = query.shape
     top_k = sparse_indices.shape[3]
     return CallArgs(batch, s1, n1, dl, 0 if query_rope is None else query_rope.shape[3], top_k,
@@ -92,7 +91,7 @@ def _call_args(query: Tensor, key: Tensor, value: Tensor, dtypes: tuple, sparse_
                     0 if key_rope is None else key_rope.stride(1), sfa_native.NATIVE_SPLIT_ROWS,
                     *(dtype is torch.int64 for dtype in dtypes), sparse_mode == 3,
                     native.DTYPE_CODES[key.dtype], native.DTYPE_CODES[(key if key_rope is None else key_rope).dtype],
-                    bf16_dot, native.DTYPE_CODES[query.dtype], native.DTYPE_CODES[query.dtype])
+                    native.DTYPE_CODES[query.dtype])
 
 
 def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
@@ -104,9 +103,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     `full_path`."""
     dtypes = idx_dtype, table_dtype, lq_dtype, lkv_dtype = tuple(map(int_dtype, (sparse_indices, block_table,
                                                                                  *lengths)))
-    bf16_dot = query.dtype == torch.bfloat16 and (query_rope is None or query_rope.dtype == torch.bfloat16)
     fixed = _call_args(_as_rows(query), key, value, dtypes, sparse_indices, block_table,
-                       _as_rows(query_rope), key_rope, sparse_block_size, sparse_mode, bf16_dot)
+                       _as_rows(query_rope), key_rope, sparse_block_size, sparse_mode)
     args = ctypes.byref(fixed)
     paged, shared = block_table is not None, value is key or same_tensor(key, value)
     out_dtype, out_shape, stats = query.dtype, tuple(query.shape), tuple(query.shape[:3])

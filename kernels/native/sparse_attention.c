@@ -705,13 +705,13 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
 }
 
 /* What a plan (kernels/sfa_plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
- * q and q_rope (of q_dtype: F32, BF16 or F16, both) have each batch's rows contiguous; the output is of out_dtype;
- * sparse_indices [B][S1][1][K], the lengths [B] and the block table [B][table_row] are int32 or int64 (the *64
- * flags); bf16_dot as sfa_attend takes it (q and q_rope bf16, and so the output). */
+ * q and q_rope (of q_dtype: F32, BF16 or F16, both) have each batch's rows contiguous, and the output is of
+ * q_dtype too (bf16 ones ask sfa_attend for its bf16 dot products); sparse_indices [B][S1][1][K], the lengths [B]
+ * and the block table [B][table_row] are int32 or int64 (the *64 flags). */
 struct sfa_call_args {
     int64_t batch, s1, H, DL, DR, K, block, block_size, num_blocks;
     int64_t q_batch, qr_batch, idx_batch, idx_token, table_row, kv_stride, value_stride, rope_stride, split_rows;
-    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype, bf16_dot, q_dtype, out_dtype;
+    int idx64, table64, lq64, lkv64, causal, kv_dtype, rope_dtype, q_dtype;
 };
 
 enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
@@ -748,7 +748,7 @@ static const float *query_f32(const void *x, int dtype, int64_t offset, int64_t 
 
 /* One whole call of the op over every batch (the plan's entry): check_call, then sfa_attend per batch; tokens past
  * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). q and q_rope are
- * read as a->q_dtype (16-bit ones widened to fp32 here, a batch at a time), out is written as a->out_dtype (16-bit:
+ * read and out is written as a->q_dtype (16-bit queries widened to fp32 here, a batch at a time; a 16-bit output
  * rounded to nearest even from the fp32 result). starts (int32 or int64 [B], starts64; or NULL): each batch's key
  * start, entries below it skipped (kernels/key_windows.py; only with block 1, else SFA_PADDED_BLOCKS for a start
  * > 0, which the caller refuses). capacity: positions of the KV (rows of a BSND cache, blocks x block size of a
@@ -767,7 +767,7 @@ int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, c
         start[b] = starts ? int_at(starts, starts64, b) : 0;
         if (start[b] != 0 && a->block != 1) return SFA_PADDED_BLOCKS;
     }
-    int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype), out_item = elem_size(a->out_dtype);
+    int64_t kv_item = elem_size(a->kv_dtype), rope_item = elem_size(a->rope_dtype), out_item = elem_size(a->q_dtype);
     int64_t DR = rope ? a->DR : 0, idx_item = a->idx64 ? 8 : 4, table_item = a->table64 ? 8 : 4, row = a->H * a->DL;
     for (int64_t b = 0; b < a->batch; b++) {
         char *ob = (char *)out + b * a->s1 * row * out_item;
@@ -775,7 +775,7 @@ int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, c
         const float *qb = query_f32(q, a->q_dtype, b * a->q_batch, lq[b] * row, 3);
         const float *qrb = q_rope && DR ? query_f32(q_rope, a->q_dtype, b * a->qr_batch, lq[b] * a->H * DR, 4)
                                         : NULL;
-        float *o = a->out_dtype == F32 ? (float *)ob : scratch(5, (size_t)(lq[b] * row));
+        float *o = a->q_dtype == F32 ? (float *)ob : scratch(5, (size_t)(lq[b] * row));
         if (lq[b] > 0
             && (!qb || (q_rope && DR && !qrb) || !o
                 || !sfa_attend(qb, qrb, a->H, a->DL, DR, (const char *)idx + b * a->idx_batch * idx_item, a->idx64,
@@ -784,9 +784,10 @@ int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, c
                                a->block_size, (const char *)kv + b * kv_batch * kv_item, a->kv_stride,
                                value ? (const char *)value + b * value_batch * kv_item : NULL, a->value_stride,
                                rope ? (const char *)rope + b * rope_batch * rope_item : NULL, a->rope_stride,
-                               a->kv_dtype, a->rope_dtype, scale, a->bf16_dot, threads, a->split_rows, o, mx, sm)))
+                               a->kv_dtype, a->rope_dtype, scale, a->q_dtype == BF16, threads, a->split_rows, o, mx,
+                               sm)))
             return SFA_NO_MEMORY;
-        if (a->out_dtype != F32) row_from_f32(ob, a->out_dtype, o, lq[b] * row);
+        if (a->q_dtype != F32) row_from_f32(ob, a->q_dtype, o, lq[b] * row);
         memset(ob + lq[b] * row * out_item, 0, (size_t)((a->s1 - lq[b]) * row * out_item));
         memset(sm + lq[b] * a->H, 0, (size_t)((a->s1 - lq[b]) * a->H) * sizeof(float));
         for (int64_t i = lq[b] * a->H; i < a->s1 * a->H; i++) mx[i] = -INFINITY;
