@@ -539,7 +539,7 @@ static int row_topk_parallel(const struct keys *k, const struct row_query *rq, i
         for (int bin = 0; bin < TOPK_BINS; bin++)
             for (int t = 1; t < threads; t++) r.hists[bin] += r.hists[t * TOPK_BINS + bin];
 #pragma omp single
-        b = topk_cut(r.hists, &need);
+        b = topk_cut(r.hists, TOPK_BINS, &need);
 #pragma omp for schedule(static)
         for (int64_t ch = 0; ch < chunks; ch++) {
             int64_t s0 = ch * chunk, s1 = s0 + chunk < n ? s0 + chunk : n, mm = 0, cc = 0;

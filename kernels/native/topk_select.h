@@ -35,6 +35,14 @@ static inline uint32_t order_key(float f) {
     return magnitude > 0x7F800000u ? UINT32_MAX : key;                /* no branch: signs come in random order */
 }
 
+/* The digit whose bin holds the need-th largest key, from the counts hist [bins] of one digit; need becomes how
+ * many keys of that bin still belong to the top. */
+static uint32_t topk_cut(const int32_t *hist, uint32_t bins, int64_t *need) {
+    uint32_t b = bins - 1;
+    while (hist[b] < *need) *need -= hist[b--];
+    return b;
+}
+
 /* Over the positions list[0:c] (keys `keys`), the digit (keys >> shift) & (bins - 1) holding the need-th largest:
  * the keys with a larger digit go to out (from *m on), the list keeps the ones with that digit (in order), and
  * need becomes how many of them still belong to the top. Returns the new length of the list. */
@@ -42,8 +50,7 @@ static int64_t topk_refine(const uint32_t *keys, int32_t *list, int64_t c, int s
                            int64_t *need, struct topk_pair *out, int64_t *m) {
     int32_t hist[TOPK_BINS] = {0};
     for (int64_t i = 0; i < c; i++) hist[(keys[list[i]] >> shift) & (bins - 1)]++;
-    uint32_t b = bins - 1;
-    while (hist[b] < *need) *need -= hist[b--];
+    uint32_t b = topk_cut(hist, bins, need);
     int64_t kept = 0;
     for (int64_t i = 0; i < c; i++) {
         uint32_t digit = (keys[list[i]] >> shift) & (bins - 1);
@@ -77,14 +84,6 @@ static void topk_insert(const float *score, int64_t n, int64_t take, struct topk
         for (; j > 0 && pairs[j - 1].key < key; j--) pairs[j] = pairs[j - 1];
         pairs[j] = (struct topk_pair){key, (int32_t)i};
     }
-}
-
-/* The digit (of the top TOPK_DIGIT bits) whose bin holds the need-th largest key, from the counts hist
- * [TOPK_BINS]; need becomes how many keys of that bin still belong to the top. */
-static uint32_t topk_cut(const int32_t *hist, int64_t *need) {
-    uint32_t b = TOPK_BINS - 1;
-    while (hist[b] < *need) *need -= hist[b--];
-    return b;
 }
 
 /* Keys start .. end-1 split at the cut digit b (top TOPK_DIGIT bits): (key, position) pairs of larger digits to
@@ -129,7 +128,7 @@ static void topk_select(const float *score, int64_t n, int64_t take, uint32_t *k
     for (int64_t i = 0; i < n; i++) hist[i & 1][keys[i] >> shift]++;
     for (int i = 0; i < TOPK_BINS; i++) hist[0][i] += hist[1][i];
     int64_t need = take, m = 0, c = 0;
-    uint32_t b = topk_cut(hist[0], &need);
+    uint32_t b = topk_cut(hist[0], TOPK_BINS, &need);
     topk_split(keys, 0, n, b, pairs, &m, list, &c);
     topk_finish(keys, list, c, need, pairs, m, tmp);
 }
