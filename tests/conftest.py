@@ -1,5 +1,6 @@
 """Shared test fixtures: the native kernels forced on, a clean Dynamo state and no kernel call plans per test
-(kernels/call_plans: a test may patch what a plan was decided from), a temporary dump folder,
+(kernels/call_plans: a test may patch what a plan was decided from), torch's thread count set for one test, a
+temporary dump folder,
 and tiny random-config transformers models (no downloads)."""
 import os
 
@@ -24,6 +25,14 @@ def _fresh_dynamo():
     call_plans.clear_all()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def torch_threads():
+    """torch.set_num_threads for the test; the count it had is restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -58,20 +58,16 @@ def test_a_changed_setting_is_planned_again(monkeypatch):
     assert len(rms_module._PLANS) == 2
 
 
-def test_another_thread_count_is_planned_again(monkeypatch):
+def test_another_thread_count_is_planned_again(monkeypatch, torch_threads):
     """A plan holds the implementation dispatch measured at the thread count of its first call: after
     torch.set_num_threads the call is planned (and measured) again."""
     x, gamma = torch.randn(1, 32), torch.rand(32)
     monkeypatch.setenv(native.ENV_SWITCH, "1")
-    before = torch.get_num_threads()
-    try:
-        OPS.rms_norm(x, gamma)
-        assert len(rms_module._PLANS) == 1
-        torch.set_num_threads(1 if before > 1 else 2)
-        OPS.rms_norm(x, gamma)
-        assert len(rms_module._PLANS) == 2
-    finally:
-        torch.set_num_threads(before)
+    OPS.rms_norm(x, gamma)
+    assert len(rms_module._PLANS) == 1
+    torch_threads(1 if torch.get_num_threads() > 1 else 2)
+    OPS.rms_norm(x, gamma)
+    assert len(rms_module._PLANS) == 2
 
 
 def test_profiling_and_take_used_take_the_full_path():
@@ -301,20 +297,16 @@ def test_chunk_kda_plans_equal_the_full_path(monkeypatch, switch):
         OPS.chunk_kda(q, k, v, -decay, beta, None, state, output_final_state=True)
 
 
-def test_indexer_prefill_rows_shared_by_the_threads_equal_one_thread(monkeypatch):
+def test_indexer_prefill_rows_shared_by_the_threads_equal_one_thread(monkeypatch, torch_threads):
     """Enough prefill work (64 rows of up to 4096 keys) for li_rows_topk to share the rows among the threads: the
     same top-k as with one thread."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     query, key, weights, _ = indexer_inputs(1, 64, 4096, heads=8, dim=32, seed=7)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = OPS.lightning_indexer(query, key, weights, sparse_count=64)
-        call_plans.clear_all()
-        torch.set_num_threads(2)
-        shared = OPS.lightning_indexer(query, key, weights, sparse_count=64)
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(1)
+    alone = OPS.lightning_indexer(query, key, weights, sparse_count=64)
+    call_plans.clear_all()
+    torch_threads(2)
+    shared = OPS.lightning_indexer(query, key, weights, sparse_count=64)
     assert same(alone, shared)
 
 

@@ -63,24 +63,20 @@ def test_the_faster_path_is_measured_then_kept(table, native_s, torch_s, winner)
     assert table.stat().st_mode & 0o077 == 0
 
 
-def test_a_choice_is_per_thread_count(table):
+def test_a_choice_is_per_thread_count(table, torch_threads):
     """A class measured on one thread count is measured again on another (a path that wins on 2 threads can lose
     on 16), and each count keeps its own choice, in memory and on disk."""
-    before = torch.get_num_threads()
     calls: list = []
-    try:
-        torch.set_num_threads(1)
-        assert dispatch.run("op", "rms_norm", ("a",), counting("native", 0.001, calls),
-                            counting("torch", 0.004, calls)) == "native"
-        torch.set_num_threads(2)
-        calls.clear()
-        assert dispatch.run("op", "rms_norm", ("a",), counting("native", 0.004, calls),
-                            counting("torch", 0.001, calls)) == "torch"
-        assert {"native", "torch"} <= set(calls)                 # measured, not taken from the 1-thread choice
-        torch.set_num_threads(1)
-        assert dispatch.lookup("op", "rms_norm", ("a",)).impl == "native"
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(1)
+    assert dispatch.run("op", "rms_norm", ("a",), counting("native", 0.001, calls),
+                        counting("torch", 0.004, calls)) == "native"
+    torch_threads(2)
+    calls.clear()
+    assert dispatch.run("op", "rms_norm", ("a",), counting("native", 0.004, calls),
+                        counting("torch", 0.001, calls)) == "torch"
+    assert {"native", "torch"} <= set(calls)                 # measured, not taken from the 1-thread choice
+    torch_threads(1)
+    assert dispatch.lookup("op", "rms_norm", ("a",)).impl == "native"
     assert sorted(c["impl"] for c in json.loads(table.read_text()).values()) == ["native", "torch"]
 
 

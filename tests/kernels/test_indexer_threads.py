@@ -50,20 +50,8 @@ def test_two_callers_at_once():
         assert len(got[i]) == 20 and all(torch.equal(g, want[i]) for g in got[i])
 
 
-def topk_on(threads, q, key, w, k, monkeypatch):
-    """The op's native decode row on `threads` threads: with several, each thread also counts and splits its own
-    chunks' scores for the top-k (li_row_topk's parallel selection)."""
-    monkeypatch.setenv(native.ENV_SWITCH, "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return torch.ops.ascend_dsa.lightning_indexer(q, key, w, sparse_count=k)
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("case", ["random", "zero rows tied at the cut", "nan rows", "repeated rows", "few keys"])
-def test_shared_selection_equals_one_thread(case, isa_level, monkeypatch):
+def test_shared_selection_equals_one_thread(case, isa_level, monkeypatch, torch_threads):
     """The top-k selected across threads (order keys counted per chunk, the cut bin found from the summed counts,
     chunks split in their own stretches and joined in position order) is the one-thread selection: the same
     positions in the same order, the same values, ties at the cut settled the same way."""
@@ -77,8 +65,11 @@ def test_shared_selection_equals_one_thread(case, isa_level, monkeypatch):
         key[:, 3000:] = key[:, :3000]
     elif case == "few keys":
         k = KEYS - 100
-    alone = topk_on(1, q, key, w, k, monkeypatch)
-    for threads in (2, 3, 5):
-        shared = topk_on(threads, q, key, w, k, monkeypatch)
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    torch_threads(1)
+    alone = torch.ops.ascend_dsa.lightning_indexer(q, key, w, sparse_count=k)
+    for threads in (2, 3, 5):                  # with several threads each also counts and splits its own chunks
+        torch_threads(threads)
+        shared = torch.ops.ascend_dsa.lightning_indexer(q, key, w, sparse_count=k)
         assert torch.equal(shared[0], alone[0]), threads
         torch.testing.assert_close(shared[1], alone[1], rtol=0, atol=0, equal_nan=True)
