@@ -669,28 +669,45 @@ static int attend_tokens(const struct shape *sh, const struct source *src, const
     return ok;
 }
 
-/* Each token's entries split across the threads (lq < threads), one part per token and thread, merged after
- * the parallel region: its only synchronization is the fork and the join. */
+/* The merge of attend_split's parts shared by the team: thread tid of n takes its stretch of the lq x H (token,
+ * head) pairs. One thread merging every part read all of them from the other cores' caches (16 threads: 16 parts
+ * of Hp x DLp floats per token). */
+static void finish_share(const struct shape *sh, const float *parts, int n, int tid, int64_t lq, float *out,
+                         float *smax, float *ssum) {
+    int64_t pf = part_floats(sh), pairs = lq * sh->H;
+    for (int64_t u = pairs * tid / n; u < pairs * (tid + 1) / n; u++) {
+        int64_t t = u / sh->H, h = u % sh->H;
+        finish(sh, parts + t * n * pf, n, h, h + 1, out + t * sh->H * sh->DL, smax + t * sh->H, ssum + t * sh->H);
+    }
+}
+
+/* Each token's entries split across the threads (lq < threads), one part per token and thread, merged by the
+ * team after a barrier (finish_share). */
 static int attend_split(const struct shape *sh, const struct source *src, const struct selection *sel,
                         const float *q, const float *q_rope, int threads, float *out, float *smax, float *ssum) {
-    int ok = 1, team = 1;
+    int failed = 0;
     int64_t pf = part_floats(sh), K = sel->K;
     float *parts = scratch(1, (size_t)(sel->lq * threads) * pf);
     if (!parts) return 0;
-#pragma omp parallel num_threads(threads) reduction(&& : ok)
+#pragma omp parallel num_threads(threads)
     {
-        int tid = omp_get_thread_num(), n = omp_get_num_threads();
-        if (tid == 0) team = n;
+        int tid = omp_get_thread_num(), n = omp_get_num_threads(), ok = 1;
         for (int64_t t = 0; t < sel->lq && ok; t++) {
             float *qT = query_T(sh, q, q_rope, t);
             struct cursor cur = token_cursor(sel, t, K * tid / n, K * (tid + 1) / n);
             ok = qT && attend_part(sh, src, qT, qT + sh->DLp * sh->Hp, sel, cur, parts + (t * n + tid) * pf);
         }
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (!stop) finish_share(sh, parts, n, tid, sel->lq, out, smax, ssum);
     }
-    for (int64_t t = 0; t < sel->lq && ok; t++)
-        finish(sh, parts + t * team * pf, team, 0, sh->H, out + t * sh->H * sh->DL, smax + t * sh->H,
-               ssum + t * sh->H);
-    return ok;
+    return !failed;
 }
 
 /* Entry point, for the first lq query tokens of one batch. q [lq][H][DL] and q_rope [lq][H][DR] (or NULL)

@@ -75,6 +75,24 @@ def test_paged_distinct_values_duplicates_and_empty_rows(dtype, path):
         assert (out[b, t] == 0).all() and torch.isneginf(smax[b, t]).all() and (ssum[b, t] == 0).all()
 
 
+@pytest.mark.parametrize("threads", [3, 5])
+def test_split_tokens_merged_by_the_team(threads, path, torch_threads, monkeypatch):
+    """Two tokens' entries split across 3 or 5 threads, their parts merged by the whole team (40 token-head pairs
+    shared unevenly; the last one belongs to a token with entries), the first token with only -1 entries: the
+    reference's outputs."""
+    monkeypatch.setattr(sfa_native, "NATIVE_SPLIT_ROWS", 1)
+    torch_threads(threads)
+    q, kv, qr, kr = make_inputs(1, 2, 20, 64, 16, 300, torch.float32, seed=51)
+    idx = random_indices(1, 2, 300, 120, seed=52, pad=5)
+    idx[0, 0] = -1
+    check_path(path, q, kv, kr)
+    kwargs = dict(query_rope=qr, key_rope=kr, sparse_mode=0)
+    got = OP(q, kv, kv, idx, 0.125, **kwargs)
+    want = sfa.reference_sparse_flash_attention(q, kv, kv, idx, 0.125, **kwargs)
+    assert_outputs_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got[0][0, 0] == 0).all() and torch.isneginf(got[1][0, 0]).all()
+
+
 def test_strided_kv_takes_the_torch_path():
     """KV rows that are not contiguous along D are read by the torch path, with the same result."""
     q, kv, qr, kr = make_inputs(1, 2, 4, 32, 8, 60, seed=31)
