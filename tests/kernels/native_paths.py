@@ -1,8 +1,8 @@
 """Fixtures for ops with a native kernel. `native_and_torch(source)` makes a `path` fixture: the test runs through
-the native kernel once per instruction-set level this CPU can execute (kernels/cpu_isa.py; skipped where the
-kernel cannot be built) and once through the torch path (ASCEND_DSA_NATIVE=0). `isa_level` runs a test once per
-level; `at_each_level` loops over the levels inside one test (for tests whose reference is costly); `refuse`
-makes a path raise so a test shows that the other one did the work."""
+the native kernel once per instruction-set level this CPU can execute (kernels/cpu_isa.py; skipped where no C
+compiler exists, failed where the source does not build) and once through the torch path (ASCEND_DSA_NATIVE=0).
+`isa_level` runs a test once per level; `at_each_level` loops over the levels inside one test (for tests whose
+reference is costly); `refuse` makes a path raise so a test shows that the other one did the work."""
 import contextlib
 import os
 from collections.abc import Iterator
@@ -23,12 +23,22 @@ def native_and_torch(source: str):
         if request.param == "torch":
             monkeypatch.setenv(native.ENV_SWITCH, "0")
             return "torch"
-        if not loaded:
+        if not loaded and native.compiler() is None:
             pytest.skip(f"native kernel not available: {why}")
+        monkeypatch.delenv(native.ENV_SWITCH, raising=False)
         monkeypatch.setenv(cpu_isa.ENV_ISA, request.param.removeprefix("native-"))
+        require_built(source)
         return "native"
 
     return path
+
+
+def require_built(source: str) -> None:
+    """Fails unless kernels/native/<source>.c is loaded at the level in force, where a C compiler exists: the ops
+    quietly take their torch paths when a library does not build, which would pass every native test."""
+    loaded, why = native.available(source)
+    if not loaded and native.compiler() is not None:
+        pytest.fail(f"kernels/native/{source}.c did not build or load at {cpu_isa.active()}: {why}")
 
 
 @pytest.fixture(params=LEVELS)
