@@ -78,6 +78,7 @@ static void prefetch_row(const char *row, int64_t bytes) {
     (void)*(volatile const char *)row;
     for (int64_t off = 64; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
 }
+
 /* exp(x) for x <= 0 to ~2 ulp; below -87 it returns about 1e-38 rather than 0. */
 static inline float exp_neg(float x) {
     x = x < -87.0f ? -87.0f : x;
