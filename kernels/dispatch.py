@@ -200,10 +200,11 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
     given, runs before every timed call, untimed (e.g. evicting an operand from the caches: the state the
     class's calls meet in use); the class should then say so, as the table keeps one choice per class."""
     level = cpu_isa.active()
+    slot = _slot(op, level, cls)
     # a decode step makes ~40 of these calls: one lookup each
-    known = _labelled("native", level) if mode() == "force" else _known.get(_slot(op, level, cls))
+    known = _labelled("native", level) if mode() == "force" else _known.get(slot)
     if known is None:
-        pending = _provisional.get(_slot(op, level, cls))
+        pending = _provisional.get(slot)
         if pending is not None and time.monotonic() < pending[1]:
             known = _labelled(pending[0], level)
         else:
@@ -235,13 +236,14 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
     with _outside_modes():
         result, choice = _measure(native_fn, torch_fn, prepare)
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
-    if _slot(op, level, cls) not in _provisional and slow < CLOSE * fast:
+    slot = _slot(op, level, cls)
+    if slot not in _provisional and slow < CLOSE * fast:
         deadline = time.monotonic() + REMEASURE_S
-        _provisional[_slot(op, level, cls)] = (choice.impl, deadline)
+        _provisional[slot] = (choice.impl, deadline)
         call_plans.clear_all_at(deadline)       # the plans made from the provisional choice go with it
         _used.setdefault(op, set()).add(_labelled(choice.impl, level)[1])
         return result
-    _provisional.pop(_slot(op, level, cls), None)
+    _provisional.pop(slot, None)
     _save(_key(op, library, cls), choice)
     _remember(op, level, cls, choice.impl)
     return result
@@ -253,11 +255,11 @@ def known(op: str, cls: tuple) -> str | None:
     (kernels/call_plans stores a plan only then)."""
     if mode() == "force":
         return "native"
-    level = cpu_isa.active()
-    found = _known.get(_slot(op, level, cls))
+    slot = _slot(op, cpu_isa.active(), cls)
+    found = _known.get(slot)
     if found is not None:
         return found[0]
-    pending = _provisional.get(_slot(op, level, cls))
+    pending = _provisional.get(slot)
     return pending[0] if pending is not None and time.monotonic() < pending[1] else None
 
 
