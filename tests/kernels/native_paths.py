@@ -16,15 +16,14 @@ LEVELS = cpu_isa.supported()
 
 def native_and_torch(source: str):
     """The `path` fixture for kernels/native/<source>.c; its value is "native" (at each level) or "torch"."""
-    loaded, why = native.available(source)
 
     @pytest.fixture(params=["torch", *(f"native-{level}" for level in LEVELS)])
     def path(request, monkeypatch):
         if request.param == "torch":
             monkeypatch.setenv(native.ENV_SWITCH, "0")
             return "torch"
-        if not loaded and native.compiler() is None:
-            pytest.skip(f"native kernel not available: {why}")
+        if native.compiler() is None:
+            pytest.skip(f"native kernel not available: {native.NO_COMPILER}")
         monkeypatch.delenv(native.ENV_SWITCH, raising=False)
         monkeypatch.setenv(cpu_isa.ENV_ISA, request.param.removeprefix("native-"))
         require_built(source)
@@ -34,14 +33,16 @@ def native_and_torch(source: str):
 
 
 # What gcc and clang say about a flag they do not know (an older compiler than the CPU, e.g. -mamx-tile before gcc
-# 11): that level cannot be built on this machine at all, which is not the source's fault.
-COMPILER_LACKS_LEVEL = ("unrecognized command-line option", "unrecognized command line option", "unknown argument")
+# 11), and what kernels/native.py says when the compiler CC names cannot be started: that level cannot be built on
+# this machine at all, which is not the source's fault.
+COMPILER_LACKS_LEVEL = ("unrecognized command-line option", "unrecognized command line option", "unknown argument",
+                        "could not run the C compiler")
 
 
 def require_built(source: str) -> None:
     """Fails unless kernels/native/<source>.c is loaded at the level in force, where a C compiler exists (skips
-    where the compiler does not know that level's flags): the ops quietly take their torch paths when a library
-    does not build, which would pass every native test."""
+    where the compiler does not know that level's flags or cannot be started): the ops quietly take their torch
+    paths when a library does not build, which would pass every native test."""
     loaded, why = native.available(source)
     if loaded or native.compiler() is None:
         return
