@@ -24,7 +24,7 @@ def native_and_torch(source: str):
             return "torch"
         if native.compiler() is None:
             pytest.skip(f"native kernel not available: {native.NO_COMPILER}")
-        monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+        monkeypatch.setenv(native.ENV_SWITCH, "1")     # force: auto would measure, and might take the torch path
         monkeypatch.setenv(cpu_isa.ENV_ISA, request.param.removeprefix("native-"))
         require_built(source)
         return "native"
