@@ -16,11 +16,16 @@ Levels, lowest first (each includes the ones before it):
 - amx_bf16: avx512_bf16 plus AMX tiles with bf16 dot products (Sapphire Rapids and later Xeons): the bf16
   indexer and sparse attention multiply 16 x 32 by 32 x 16 tiles. Linux hands a process the tile state only when
   asked (arch_prctl ARCH_REQ_XCOMP_PERM); the level counts as supported once that request succeeds.
+
+ASCEND_DSA_AMX_EMULATED=1 (read once per process; for tests) builds the amx_bf16 level with its tile instructions
+emulated in C (kernels/native/amx_emulated.h) and counts it as supported wherever avx512_bf16 is: the level's
+code is then tested, under the sanitizers too, on CPUs without AMX. It is slow; the benchmarks refuse it.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from npu_graph.kernels import env_settings
 
 LEVELS = ("generic", "avx2", "avx512", "avx512_bf16", "amx_bf16")
 ENV_ISA = env_settings.ISA
+ENV_AMX_EMULATED = "ASCEND_DSA_AMX_EMULATED"
 
 # /proc/cpuinfo flags each level needs (the kernel lists a flag only when the OS saves the registers too).
 _REQUIRED = {
@@ -76,11 +82,28 @@ def _tile_state_granted() -> bool:
         return False
 
 
+@functools.cache
+def amx_emulated() -> bool:
+    """Whether ASCEND_DSA_AMX_EMULATED=1 asks for the amx_bf16 level in C emulation (module docstring)."""
+    value = os.environ.get(ENV_AMX_EMULATED, "").strip()
+    if value not in ("", "0", "1"):
+        raise IsaError(f"{ENV_AMX_EMULATED}={value!r}: use 1 (emulate the AMX tile instructions, for tests) or 0")
+    return value == "1"
+
+
+def _runs(level: str, needed: set[str], flags: set[str]) -> bool:
+    if level != "amx_bf16":
+        return needed <= flags
+    if amx_emulated():
+        return needed - _REQUIRED[level] <= flags
+    return needed <= flags and _tile_state_granted()
+
+
 def _levels_from_flags(flags: set[str]) -> tuple[str, ...]:
     levels, needed = ["generic"], set()
     for level in LEVELS[1:]:
         needed |= _REQUIRED[level]
-        if not needed <= flags or (level == "amx_bf16" and not _tile_state_granted()):
+        if not _runs(level, needed, flags):
             break
         levels.append(level)
     return tuple(levels)

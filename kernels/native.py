@@ -59,6 +59,9 @@ _X86_LEVEL_FLAGS = {
     "amx_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic",
                  "-mprefer-vector-width=512"),
 }
+# The amx_bf16 level with its tile instructions emulated in C (kernels/cpu_isa.amx_emulated, for tests).
+_AMX_EMULATED_FLAGS = (*(flag for flag in _X86_LEVEL_FLAGS["amx_bf16"] if not flag.startswith("-mamx")),
+                       "-DASCEND_DSA_AMX_EMULATED")
 BUILD_TIMEOUT_S = 120
 ENV_SWITCH = env_settings.SWITCH
 ENV_DIR = "ASCEND_DSA_NATIVE_DIR"
@@ -94,9 +97,14 @@ def compiler() -> str | None:
 
 def level_flags(level: str) -> tuple[str, ...]:
     """The compiler flags of one level: FLAGS, plus the level's target flags on x86 (elsewhere only the
-    generic level exists, built for the architecture's baseline), plus ASCEND_DSA_NATIVE_CFLAGS."""
+    generic level exists, built for the architecture's baseline; amx_bf16 emulated: its flags without AMX's), plus
+    ASCEND_DSA_NATIVE_CFLAGS."""
     extra = tuple(env_settings.get(ENV_CFLAGS, "").split())
-    return FLAGS + (_X86_LEVEL_FLAGS[level] if cpu_isa.is_x86() else ()) + extra
+    if not cpu_isa.is_x86():
+        return FLAGS + extra
+    if level == "amx_bf16" and cpu_isa.amx_emulated():
+        return FLAGS + _AMX_EMULATED_FLAGS + extra
+    return FLAGS + _X86_LEVEL_FLAGS[level] + extra
 
 
 def library_path(name: str, cc: str, level: str) -> Path:

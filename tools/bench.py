@@ -68,6 +68,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.suite not in SUITES:
         print(f"unknown bench suite {args.suite!r}; choose one of {sorted(SUITES)}", file=sys.stderr)
         return 2
+    if cpu_isa.amx_emulated():
+        print(f"ascend-dsa bench: {cpu_isa.ENV_AMX_EMULATED}=1 emulates the AMX tile instructions for tests; timings "
+              "under it mean nothing: unset it to benchmark", file=sys.stderr)
+        return 2
     if getattr(args, "isa", None):
         try:
             os.environ[cpu_isa.ENV_ISA] = cpu_isa.check_level(args.isa)

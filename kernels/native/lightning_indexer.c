@@ -234,7 +234,7 @@ static void score_range_bf16(const struct keys *k, const uint32_t *qp, const flo
 }
 #endif
 
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
 /* AMX (amx_bf16 level): 16 keys at a time, as one A tile straight from the stored rows (16 rows x 32 dims; rows
  * that are not 16 equally spaced ones, a tail or keys across cache blocks, are copied into a zero-padded tile
  * first), against B tiles of the pair-packed query qp [d/2][h] (16 pairs x 16 heads: the VNNI layout it already
@@ -339,7 +339,7 @@ static size_t thread_floats(int64_t d, int bf16_dot) {
 /* Scores of keys [start, end) by the micro-kernel in use; kf: the thread's buffer (thread_floats). */
 static void score_range(const struct keys *k, const void *qp, const float *w, int64_t d, int64_t h, int64_t start,
                         int64_t end, int64_t n, int bf16_dot, float *kf, float *score) {
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
     if (bf16_dot && d % 32 == 0) {
         score_range_amx(k, qp, w, d, h, start, end, n, kf, (uint16_t *)(kf + 16 * 4 * VL), score);
         return;

@@ -37,6 +37,11 @@
 #include <emmintrin.h>
 #endif
 
+/* The amx_bf16 level's tiles: its flags, or their C emulation for tests (amx_tiles.h). */
+#if defined(__AMX_BF16__) || defined(ASCEND_DSA_AMX_EMULATED)
+#define AMX_TILES 1
+#endif
+
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
 typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));

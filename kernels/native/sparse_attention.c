@@ -40,7 +40,7 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int sfa_has_bf16_dot(void);
 
 static int sfa_has_amx(void) {
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
     return 1;
 #else
     return 0;
@@ -398,7 +398,7 @@ static void chunk_bf16(const struct shape *sh, const struct source *src, const u
 int sfa_has_bf16_dot(void) { return 0; }
 #endif
 
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
 /* AMX (amx_bf16 level), in the bf16 mode when DL and DL + DR are multiples of 32: the same arithmetic as above
  * (exact products, fp32 sums; probabilities rounded once to bf16) on tiles. Logits: the chunk's rows, kv then
  * rope, copied one after another into A tiles (16 rows x 32 dims) against the pair-packed query as B tiles
@@ -548,7 +548,7 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
     int64_t Hp = sh->Hp, DLp = sh->DLp;
     float *m = part, *l = part + Hp, *acc = part + 2 * Hp;
     size_t own = (size_t)CHUNK * (2 * DLp + sh->DRp + Hp + 4) + 3 * (size_t)Hp;
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
     size_t tiles = sh->amx ? (size_t)amx_scratch_floats(sh) : 0;
 #else
     size_t tiles = 0;
@@ -561,13 +561,13 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
     for (int64_t h = 0; h < Hp; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, Hp * DLp * sizeof(float));
     int64_t n = next_rows(sel, &cur, chunk, CHUNK);
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
     if (sh->amx) amx_configure();
 #endif
     while (n > 0) {
         int64_t n_next = next_rows(sel, &cur, next, CHUNK);
         prefetch_chunk(sh, src, next, n_next);
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
         if (sh->amx) {
             chunk_amx(sh, src, (const uint32_t *)qT, chunk, n, s, m, l, acc, heads_tmp, buf + own);
         } else
@@ -583,7 +583,7 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
         memcpy(chunk, next, n_next * sizeof(int64_t));
         n = n_next;
     }
-#ifdef __AMX_BF16__
+#ifdef AMX_TILES
     if (sh->amx) _tile_release();
 #endif
     return 1;

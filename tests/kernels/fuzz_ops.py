@@ -23,6 +23,8 @@ OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 NON_FINITE = [float("nan"), float("inf"), float("-inf")]
 SPECIAL = [*NON_FINITE, 0.0, 1e30, -1e30]
+# (DL, DR) of sparse attention that the amx_bf16 level multiplies on tiles (bf16, DL and DL + DR multiples of 32).
+TILE_DIMS = [(32, 0), (32, 32), (64, 32)]
 
 
 def _case(name: str, **params: object) -> None:
@@ -75,7 +77,8 @@ def _close(a: object, b: object, tol: float) -> None:
 
 def fuzz_sparse_attention(data: st.DataObject) -> None:
     b, s1, h = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(0, 20))
-    dl, dr, s2 = data.draw(st.integers(1, 40)), data.draw(st.integers(0, 12)), data.draw(st.integers(1, 120))
+    dl, dr = data.draw(st.tuples(st.integers(1, 40), st.integers(0, 12)) | st.sampled_from(TILE_DIMS))
+    s2 = data.draw(st.integers(1, 120))
     kk, block = data.draw(st.integers(1, 24)), data.draw(st.sampled_from([1, 2, 4, 16, 2 ** 40]))
     dtype, mode = data.draw(st.sampled_from(DTYPES)), data.draw(st.sampled_from([0, 3]))
     paged = data.draw(st.booleans())
@@ -102,7 +105,8 @@ def fuzz_sparse_attention(data: st.DataObject) -> None:
 
 def fuzz_indexer(data: st.DataObject) -> None:
     b, s1, n1 = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 20))
-    d, s2, k = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 300)), data.draw(st.integers(1, 64))
+    d, s2 = data.draw(st.integers(1, 40) | st.sampled_from([32, 64])), data.draw(st.integers(1, 300))
+    k = data.draw(st.integers(1, 64))
     dtype, mode = data.draw(st.sampled_from(DTYPES)), data.draw(st.sampled_from([0, 3]))
     _case("indexer", b=b, s1=s1, n1=n1, d=d, s2=s2, k=k, dtype=dtype, mode=mode)
     q, key = _values(data, (b, s1, n1, d), dtype, special=False), _values(data, (b, s2, 1, d), dtype)

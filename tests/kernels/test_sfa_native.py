@@ -52,10 +52,11 @@ def test_matches_reference(case, dtype, split_rows, path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_distinct_values_duplicates_and_empty_rows(dtype, path):
+@pytest.mark.parametrize("dr", [16, 32])       # 32: tile-shaped dims (amx_bf16)
+def test_paged_distinct_values_duplicates_and_empty_rows(dtype, dr, path):
     """Paged cache with shuffled blocks, values distinct from keys, positions listed twice, a row with only
     -1 entries, a row that selects only invisible positions and a batch with no query tokens."""
-    q, kv, qr, kr = make_inputs(3, 4, 4, 64, 16, 90, dtype, seed=21)
+    q, kv, qr, kr = make_inputs(3, 4, 4, 64, dr, 90, dtype, seed=21)
     value = torch.randn(kv.shape, generator=torch.Generator().manual_seed(22)).to(dtype)
     idx = random_indices(3, 4, 90, 40, seed=23, pad=6)
     idx[0, 0, 0, 1::2] = idx[0, 0, 0, 0::2]          # every position twice

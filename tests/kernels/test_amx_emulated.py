@@ -1,0 +1,70 @@
+"""The amx_bf16 level's kernels on a CPU without AMX: ASCEND_DSA_AMX_EMULATED=1 builds them with the tile
+instructions emulated in C (kernels/native/amx_emulated.h), and their tests run at that level in a subprocess
+(the setting is read once per process). Also the setting's checks and what it changes in the build."""
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npu_graph.kernels import cpu_isa, native
+from npu_graph.tools import bench
+
+HERE = Path(__file__).parent
+AMX_TESTS = ["test_indexer_native.py", "test_sfa_native.py", "test_native_builds.py"]
+AVX512_BF16 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq",
+               "avx512vl", "avx512_bf16"}
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, "1")
+    cpu_isa.amx_emulated.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpu_isa.amx_emulated.cache_clear()
+
+
+def test_emulation_counts_amx_where_avx512_bf16_is(emulated, monkeypatch):
+    monkeypatch.setattr(cpu_isa, "_tile_state_granted", lambda: False)
+    assert cpu_isa._levels_from_flags(AVX512_BF16) == cpu_isa.LEVELS
+    assert cpu_isa._levels_from_flags(AVX512_BF16 - {"avx512_bf16"}) == cpu_isa.LEVELS[:3]
+
+
+def test_emulated_build_has_no_amx_flags(emulated):
+    flags = native.level_flags("amx_bf16")
+    if not cpu_isa.is_x86():
+        pytest.skip("x86 levels only")
+    assert "-DASCEND_DSA_AMX_EMULATED" in flags and not any(f.startswith("-mamx") for f in flags)
+    assert "-mavx512bf16" in flags and "-mamx-tile" in native._X86_LEVEL_FLAGS["amx_bf16"]
+
+
+def test_a_value_other_than_0_or_1_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, "yes")
+    cpu_isa.amx_emulated.cache_clear()
+    try:
+        with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED='yes': use 1"):
+            cpu_isa.amx_emulated()
+    finally:
+        monkeypatch.undo()
+        cpu_isa.amx_emulated.cache_clear()
+
+
+def test_bench_refuses_to_time_emulated_tiles(emulated, capsys):
+    args = argparse.Namespace(suite="kernels", isa=None, json=False)
+    assert bench.run_bench(args) == 2
+    assert "timings under it mean nothing" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
+@pytest.mark.skipif("avx512_bf16" not in cpu_isa.supported(), reason="the emulated level needs AVX512-BF16")
+def test_kernel_tests_pass_at_the_emulated_amx_level(tmp_path):
+    env = {**os.environ, cpu_isa.ENV_AMX_EMULATED: "1", "ASCEND_DSA_NATIVE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "amx_bf16",
+                           *(str(HERE / name) for name in AMX_TESTS)], capture_output=True, text=True, env=env,
+                          timeout=1200, cwd=HERE.parent.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    assert any(name.startswith("sparse_attention-amx_bf16") for name in os.listdir(tmp_path))
