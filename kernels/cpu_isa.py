@@ -114,6 +114,7 @@ def supported() -> tuple[str, ...]:
     """The levels this CPU can execute, lowest first ("generic" always)."""
     if not is_x86():
         return ("generic",)
+    amx_emulated()          # a wrong value is an error on every x86 CPU, not only where it would matter
     flags = _cpuinfo_flags()
     if flags is not None:
         return _levels_from_flags(flags)

@@ -64,20 +64,28 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _refused_level(args: argparse.Namespace) -> str | None:
+    """Why the native kernels cannot be timed at the level asked for (--isa, ASCEND_DSA_AMX_EMULATED), or None;
+    sets ASCEND_DSA_CPU_ISA to --isa."""
+    try:
+        if cpu_isa.amx_emulated():
+            return (f"{cpu_isa.ENV_AMX_EMULATED}=1 emulates the AMX tile instructions for tests; timings under it "
+                    "mean nothing: unset it to benchmark")
+        if getattr(args, "isa", None):
+            os.environ[cpu_isa.ENV_ISA] = cpu_isa.check_level(args.isa)
+    except cpu_isa.IsaError as e:
+        return str(e)
+    return None
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.suite not in SUITES:
         print(f"unknown bench suite {args.suite!r}; choose one of {sorted(SUITES)}", file=sys.stderr)
         return 2
-    if cpu_isa.amx_emulated():
-        print(f"ascend-dsa bench: {cpu_isa.ENV_AMX_EMULATED}=1 emulates the AMX tile instructions for tests; timings "
-              "under it mean nothing: unset it to benchmark", file=sys.stderr)
+    refused = _refused_level(args)
+    if refused:
+        print(f"ascend-dsa bench: {refused}", file=sys.stderr)
         return 2
-    if getattr(args, "isa", None):
-        try:
-            os.environ[cpu_isa.ENV_ISA] = cpu_isa.check_level(args.isa)
-        except cpu_isa.IsaError as e:
-            print(f"ascend-dsa bench: {e}", file=sys.stderr)
-            return 2
     module = importlib.import_module(SUITES[args.suite])
     result = {"isa": cpu_isa.active(), **module.run(args)}
     result["machine"] = machine_info()

@@ -44,10 +44,15 @@ def test_emulated_build_has_no_amx_flags(emulated):
 def test_a_value_other_than_0_or_1_is_refused(monkeypatch):
     monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, "yes")
     cpu_isa.amx_emulated.cache_clear()
+    cpu_isa.supported.cache_clear()
     try:
         with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED='yes': use 1"):
             cpu_isa.amx_emulated()
+        if cpu_isa.is_x86():
+            with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED"):
+                native.load("rms_norm")         # on every x86 CPU, at the first native call
     finally:
+        cpu_isa.supported.cache_clear()
         monkeypatch.undo()
         cpu_isa.amx_emulated.cache_clear()
 
