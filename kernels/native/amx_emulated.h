@@ -27,6 +27,11 @@ static __thread struct {
     struct amx_emulated_tile tile[8];
 } amx_emulated;
 
+static long amx_emulated_count;        /* tile dot products this library has run, all threads */
+
+/* For tests: that count (a kernel whose tile path became unreachable would leave it at 0). */
+long amx_emulated_products(void) { return __atomic_load_n(&amx_emulated_count, __ATOMIC_RELAXED); }
+
 static void amx_emulated_fault(const char *what, int t) {
     fprintf(stderr, "ascend-dsa AMX emulation: %s (tile %d)\n", what, t);
     abort();
@@ -80,6 +85,7 @@ static void amx_emulated_dpbf16ps(int tc, int ta, int tb) {
     int pairs = a->colsb / 4, columns = c->colsb / 4;
     if (a->rows != c->rows || b->rows != pairs || b->colsb != c->colsb)
         amx_emulated_fault("tile shapes a bf16 dot product cannot combine", tc);
+    __atomic_add_fetch(&amx_emulated_count, 1, __ATOMIC_RELAXED);
     for (int m = 0; m < c->rows; m++)
         for (int k = 0; k < pairs; k++)
             for (int n = 0; n < columns; n++) {

@@ -2,18 +2,22 @@
 instructions emulated in C (kernels/native/amx_emulated.h), and their tests run at that level in a subprocess
 (the setting is read once per process). Also the setting's checks and what it changes in the build."""
 import argparse
+import ctypes
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from npu_graph.kernels import cpu_isa, native
 from npu_graph.tools import bench
 
 HERE = Path(__file__).parent
-AMX_TESTS = ["test_indexer_native.py", "test_sfa_native.py", "test_native_builds.py"]
+AMX_TESTS = ["test_amx_emulated.py", "test_indexer_native.py", "test_sfa_native.py", "test_native_builds.py"]
+OPS = torch.ops.ascend_dsa
 AVX512_BF16 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq",
                "avx512vl", "avx512_bf16"}
 
@@ -61,6 +65,26 @@ def test_bench_refuses_to_time_emulated_tiles(emulated, capsys):
     args = argparse.Namespace(suite="kernels", isa=None, json=False)
     assert bench.run_bench(args) == 2
     assert "timings under it mean nothing" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not cpu_isa.amx_emulated(), reason="runs in the emulated subprocess below")
+def test_amx_bf16_tiles_reached_under_emulation(monkeypatch):
+    """bf16 indexer and sparse attention calls at the emulated level run tile dot products (the kernels' tile
+    paths are reachable: the tests above would pass on their AVX512-BF16 paths too)."""
+    monkeypatch.setenv(cpu_isa.ENV_ISA, "amx_bf16")
+    g = torch.Generator().manual_seed(0)
+    bf16 = functools.partial(torch.randn, generator=g, dtype=torch.bfloat16)
+    calls = {"lightning_indexer": lambda: OPS.lightning_indexer(bf16(1, 1, 16, 64), bf16(1, 300, 1, 64),
+                                                                torch.randn(1, 1, 16), sparse_count=32),
+             "sparse_attention": lambda: OPS.sparse_flash_attention(
+                 bf16(1, 1, 16, 64), kv := bf16(1, 300, 1, 64), kv, torch.randperm(300)[:100].int().view(1, 1, 1, -1),
+                 0.1, query_rope=bf16(1, 1, 16, 32), key_rope=bf16(1, 300, 1, 32))}
+    for source, call in calls.items():
+        products = native.load(source).lib.amx_emulated_products
+        products.restype = ctypes.c_long
+        before = products()
+        call()
+        assert products() > before, source
 
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
