@@ -34,7 +34,7 @@ setup(
     },
     py_modules=["npu_graph_torch_logs"],  # the TORCH_LOGS names, registered while torch is imported
     package_data={"npu_graph.kernels": ["native/*.c", "native/*.h"]},
-    # torch: the minor version the tests run on (npu_graph/requirements.py checks it at import); numpy: without
+    # torch: the minor version the tests run on (npu_graph/startup.py checks it at import); numpy: without
     # it `import torch` warns "Failed to initialize NumPy" on a clean install.
     install_requires=["torch>=2.13,<2.14", "numpy>=1.24", "rich>=13", "safetensors>=0.4"],
     extras_require={

@@ -5,8 +5,7 @@ imported, else as soon as torch is (npu_graph.startup), so `import npu_graph` al
 """
 from typing import Any
 
-from npu_graph.requirements import check_torch
-from npu_graph.startup import load_now_or_after_torch, public_name
+from npu_graph.startup import check_torch, load_now_or_after_torch, public_name
 
 __version__ = "0.1.0"
 __all__ = ["Backend", "CompilerConfig", "ConfigError", "__version__", "ascend_dsa", "get_backend", "install_routes"]

@@ -1,5 +1,11 @@
 """What `import npu_graph` does, without importing torch when nothing has yet.
 
+First it checks the installed torch against the minor versions the tests run on, from package metadata (torch
+is not imported for it): the compiler uses private torch APIs (AOT autograd internals, torch._library, Dynamo's
+compile ids), so any other torch is refused with a message that names both versions and what to do, instead of
+an AttributeError deep in a compile (setup.py's install_requires says the same);
+ASCEND_DSA_ALLOW_UNTESTED_TORCH=1 lets a user try another torch anyway.
+
 The package's work at import (registering its own `torch.ops.ascend_dsa.*` fused ops; it patches nothing of
 other libraries: the kernel routes are installed when the backend is resolved, npu_graph.backend) runs at once
 when torch is already imported, else right after torch's own import finishes (a one-shot
@@ -13,10 +19,45 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
+import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from types import ModuleType
 from typing import Any
+
+TESTED_TORCH = ((2, 13),)           # (major, minor) pairs the test suite runs on
+ENV_ALLOW = "ASCEND_DSA_ALLOW_UNTESTED_TORCH"
+
+
+class UnsupportedTorchError(ImportError):
+    """The installed torch is outside the tested range (module docstring)."""
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def check_torch(version: str | None = None) -> None:
+    """Raise UnsupportedTorchError unless torch `version` (default: the installed one) is a tested minor
+    version or ASCEND_DSA_ALLOW_UNTESTED_TORCH=1 is set."""
+    if os.environ.get(ENV_ALLOW, "") not in ("", "0"):
+        return
+    if version is None:
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            raise UnsupportedTorchError("ascend-dsa needs torch: pip install torch==2.13.0") from None
+    if _major_minor(version) in TESTED_TORCH:
+        return
+    tested = ", ".join(f"{major}.{minor}.x" for major, minor in TESTED_TORCH)
+    raise UnsupportedTorchError(
+        f"ascend-dsa is tested with torch {tested}, but torch {version} is installed. Install a tested torch "
+        f"(pip install torch==2.13.0), or set {ENV_ALLOW}=1 to try this one (the compiler uses private torch "
+        f"APIs that change between releases).")
+
 
 PUBLIC = {"Backend": "npu_graph.backend", "ascend_dsa": "npu_graph.backend", "get_backend": "npu_graph.backend",
           "CompilerConfig": "npu_graph.config", "ConfigError": "npu_graph.config",

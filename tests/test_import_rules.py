@@ -152,3 +152,13 @@ def test_importing_npu_graph_patches_nothing_until_the_backend_is_resolved():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=300)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_entrance_stays_small():
+    """npu_graph/ itself holds at most ten modules (docs/DESIGN.md, Layout: where a new engineer starts), and no
+    Python file of the package is over 400 lines."""
+    top = [p.name for p in (ROOT / "npu_graph").glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(top) <= 10, sorted(top)
+    long = {str(p.relative_to(ROOT)): n for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

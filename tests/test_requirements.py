@@ -1,10 +1,10 @@
-"""npu_graph.requirements: the tested torch range is enforced at import with a clear message."""
+"""npu_graph.startup.check_torch: the tested torch range is enforced at import with a clear message."""
 import subprocess
 import sys
 
 import pytest
 
-from npu_graph import requirements
+from npu_graph import startup as requirements
 
 
 def test_tested_versions_pass(monkeypatch):
