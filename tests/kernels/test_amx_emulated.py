@@ -1,6 +1,7 @@
 """The amx_bf16 level's kernels on a CPU without AMX: ASCEND_DSA_AMX_EMULATED=1 builds them with the tile
-instructions emulated in C (kernels/native/amx_emulated.h), and their tests run at that level in a subprocess
-(the setting is read once per process). Also the setting's checks and what it changes in the build."""
+instructions emulated in C (kernels/native/amx_emulated.h), and the indexer's and sparse attention's tests run at
+that level in a subprocess (the setting is read once per process). Also the setting's checks and what it changes
+in the build."""
 import argparse
 import ctypes
 import functools
@@ -16,7 +17,7 @@ from npu_graph.kernels import cpu_isa, native
 from npu_graph.tools import bench
 
 HERE = Path(__file__).parent
-AMX_TESTS = ["test_amx_emulated.py", "test_indexer_native.py", "test_sfa_native.py", "test_native_builds.py"]
+AMX_TESTS = ["test_amx_emulated.py", "test_indexer_native.py", "test_sfa_native.py"]
 OPS = torch.ops.ascend_dsa
 AVX512_BF16 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq",
                "avx512vl", "avx512_bf16"}
