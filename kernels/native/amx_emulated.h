@@ -92,7 +92,8 @@ static void amx_emulated_dpbf16ps(int tc, int ta, int tb) {
                 float sum;
                 memcpy(&sum, c->data[m] + 4 * n, 4);
                 for (int e = 0; e < 2; e++)
-                    sum += amx_emulated_bf16(a->data[m] + 4 * k + 2 * e) * amx_emulated_bf16(b->data[k] + 4 * n + 2 * e);
+                    sum += amx_emulated_bf16(a->data[m] + 4 * k + 2 * e)
+                           * amx_emulated_bf16(b->data[k] + 4 * n + 2 * e);
                 if (fpclassify(sum) == FP_SUBNORMAL) sum = copysignf(0.0f, sum);
                 memcpy(c->data[m] + 4 * n, &sum, 4);
             }

@@ -23,7 +23,8 @@
 
 #include "simd.h"
 
-#define CHUNK 32       /* rows converted and scored together */
+#define CHUNK 64       /* rows converted and scored together (the weighted sum reads and writes acc once a chunk) */
+#define AMX_CHUNK 32   /* the same on tiles: the probabilities' A tile holds 32 rows */
 #define PARALLEL_MIN_MACS (1 << 21)   /* tokens x entries x heads x dims below which one thread does every token */
 #define RB 8           /* rows per logit micro-kernel */
 
@@ -408,7 +409,7 @@ int sfa_has_bf16_dot(void) { return 0; }
 #include "amx_tiles.h"
 
 static int64_t amx_scratch_floats(const struct shape *sh) {
-    return (CHUNK * (sh->DL + sh->DR) + sh->Hp * CHUNK + CHUNK * sh->DL) / 2;
+    return (AMX_CHUNK * (sh->DL + sh->DR) + sh->Hp * AMX_CHUNK + AMX_CHUNK * sh->DL) / 2;
 }
 
 static void logits_amx(const struct shape *sh, const uint16_t *kt, const uint32_t *qT, int64_t n, float *s) {
@@ -432,12 +433,12 @@ static void logits_amx(const struct shape *sh, const uint16_t *kt, const uint32_
         for (int64_t h = 0; h < Hp; h += VL) vstore(s + r * Hp + h, vload(s + r * Hp + h) * sh->scale);
 }
 
-/* vb [CHUNK/2][DL] pairs: (value row 2j, value row 2j+1) dim by dim, zero rows past n. */
+/* vb [AMX_CHUNK/2][DL] pairs: (value row 2j, value row 2j+1) dim by dim, zero rows past n. */
 static void pair_values(const struct shape *sh, const uint16_t *const *vrow, int64_t n, uint16_t *vb) {
     static const uint16_t order[32] = { 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47 };
     const __m512i interleave = _mm512_loadu_si512(order);
-    for (int64_t j = 0; j < CHUNK / 2; j++) {
+    for (int64_t j = 0; j < AMX_CHUNK / 2; j++) {
         uint16_t *out = vb + j * 2 * sh->DL;
         for (int64_t d = 0; d < sh->DL; d += 16) {
             __m512i e = 2 * j < n ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(vrow[2 * j] + d)))
@@ -454,10 +455,11 @@ static void weighted_values_amx(const struct shape *sh, const float *p, const ui
                                 uint16_t *pa, float *acc) {
     int64_t Hp = sh->Hp, DL = sh->DL;
     for (int64_t h = 0; h < Hp; h++)
-        for (int64_t r = 0; r < CHUNK; r++) pa[h * CHUNK + r] = r < n ? (uint16_t)bf16_bits(p[r * Hp + h]) : 0;
+        for (int64_t r = 0; r < AMX_CHUNK; r++)
+            pa[h * AMX_CHUNK + r] = r < n ? (uint16_t)bf16_bits(p[r * Hp + h]) : 0;
     for (int64_t h0 = 0; h0 < Hp; h0 += 16) {
         float *a = acc + h0 * sh->DLp;
-        _tile_loadd(2, pa + h0 * CHUNK, CHUNK * 2);
+        _tile_loadd(2, pa + h0 * AMX_CHUNK, AMX_CHUNK * 2);
         for (int64_t d = 0; d < DL; d += 32) {
             _tile_loadd(0, a + d, sh->DLp * 4);
             _tile_loadd(1, a + d + 16, sh->DLp * 4);
@@ -476,8 +478,8 @@ static void weighted_values_amx(const struct shape *sh, const float *p, const ui
 static void chunk_amx(const struct shape *sh, const struct source *src, const uint32_t *qT, const int64_t *rows,
                       int64_t n, float *s, float *m, float *l, float *acc, float *heads_tmp, float *amx) {
     int64_t E = sh->DL + sh->DR;
-    uint16_t *kt = (uint16_t *)amx, *pa = kt + CHUNK * E, *vb = pa + sh->Hp * CHUNK;
-    const uint16_t *vrow[CHUNK];
+    uint16_t *kt = (uint16_t *)amx, *pa = kt + AMX_CHUNK * E, *vb = pa + sh->Hp * AMX_CHUNK;
+    const uint16_t *vrow[AMX_CHUNK];
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *k = (const uint16_t *)(src->kv + rows[i] * src->kv_stride);
         memcpy(kt + i * E, k, (size_t)sh->DL * 2);
@@ -560,12 +562,12 @@ static int attend_part(const struct shape *sh, const struct source *src, const f
     float *heads_tmp = (float *)(next + CHUNK);
     for (int64_t h = 0; h < Hp; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, Hp * DLp * sizeof(float));
-    int64_t n = next_rows(sel, &cur, chunk, CHUNK);
+    int64_t most = sh->amx ? AMX_CHUNK : CHUNK, n = next_rows(sel, &cur, chunk, most);
 #ifdef AMX_TILES
     if (sh->amx) amx_configure();
 #endif
     while (n > 0) {
-        int64_t n_next = next_rows(sel, &cur, next, CHUNK);
+        int64_t n_next = next_rows(sel, &cur, next, most);
         prefetch_chunk(sh, src, next, n_next);
 #ifdef AMX_TILES
         if (sh->amx) {
