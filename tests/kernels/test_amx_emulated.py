@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cpu_isa import AVX512
 
 from npu_graph.kernels import cpu_isa, native
 from npu_graph.tools import bench
@@ -19,17 +20,29 @@ from npu_graph.tools import bench
 HERE = Path(__file__).parent
 AMX_TESTS = ["test_amx_emulated.py", "test_indexer_native.py", "test_sfa_native.py"]
 OPS = torch.ops.ascend_dsa
-AVX512_BF16 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq",
-               "avx512vl", "avx512_bf16"}
+AVX512_BF16 = AVX512 | {"avx512_bf16"}
+
+
+def _forget_the_setting() -> None:
+    cpu_isa.amx_emulated.cache_clear()
+    cpu_isa.supported.cache_clear()
 
 
 @pytest.fixture
-def emulated(monkeypatch):
-    monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, "1")
-    cpu_isa.amx_emulated.cache_clear()
-    yield
+def amx_setting(monkeypatch):
+    """Sets ASCEND_DSA_AMX_EMULATED for the test (read once per process: the cached readings are cleared before
+    and after)."""
+    def set_to(value: str) -> None:
+        monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, value)
+        _forget_the_setting()
+    yield set_to
     monkeypatch.undo()
-    cpu_isa.amx_emulated.cache_clear()
+    _forget_the_setting()
+
+
+@pytest.fixture
+def emulated(amx_setting):
+    amx_setting("1")
 
 
 def test_emulation_counts_amx_where_avx512_bf16_is(emulated, monkeypatch):
@@ -46,20 +59,13 @@ def test_emulated_build_has_no_amx_flags(emulated):
     assert "-mavx512bf16" in flags and "-mamx-tile" in native._X86_LEVEL_FLAGS["amx_bf16"]
 
 
-def test_a_value_other_than_0_or_1_is_refused(monkeypatch):
-    monkeypatch.setenv(cpu_isa.ENV_AMX_EMULATED, "yes")
-    cpu_isa.amx_emulated.cache_clear()
-    cpu_isa.supported.cache_clear()
-    try:
-        with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED='yes': use 1"):
-            cpu_isa.amx_emulated()
-        if cpu_isa.is_x86():
-            with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED"):
-                native.load("rms_norm")         # on every x86 CPU, at the first native call
-    finally:
-        cpu_isa.supported.cache_clear()
-        monkeypatch.undo()
-        cpu_isa.amx_emulated.cache_clear()
+def test_a_value_other_than_0_or_1_is_refused(amx_setting):
+    amx_setting("yes")
+    with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED='yes': use 1"):
+        cpu_isa.amx_emulated()
+    if cpu_isa.is_x86():
+        with pytest.raises(cpu_isa.IsaError, match="ASCEND_DSA_AMX_EMULATED"):
+            native.load("rms_norm")         # on every x86 CPU, at the first native call
 
 
 def test_bench_refuses_to_time_emulated_tiles(emulated, capsys):

@@ -42,24 +42,21 @@ def _check(done: subprocess.CompletedProcess, what: str) -> None:
         report[:5] or done.stderr.splitlines()[-20:])
 
 
+# The amx_bf16 kernels with their tile instructions in C (kernels/native/amx_emulated.h), on any CPU with
+# AVX512-BF16: their buffers and indexing, not the hardware, are what the sanitizers check.
+EMULATED_AMX = "amx_bf16 emulated"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", [*LEVELS, *([EMULATED_AMX] if "avx512_bf16" in LEVELS else [])])
 def test_fuzz_under_sanitizers(level, tmp_path):
-    done = subprocess.run([sys.executable, str(HERE / "fuzz_ops.py"), "--examples", "60"], capture_output=True,
-                          text=True, env=_sanitized_env(tmp_path, level), timeout=1800)
-    _check(done, f"fuzz at {level}")
-    assert any(name.endswith(".so") for name in os.listdir(tmp_path))        # the sanitized builds ran
-
-
-@pytest.mark.slow
-@pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the emulated amx_bf16 level needs AVX512-BF16")
-def test_fuzz_under_sanitizers_with_emulated_amx(tmp_path):
-    """The amx_bf16 kernels with their tile instructions in C (kernels/native/amx_emulated.h), on any CPU with
-    AVX512-BF16: their buffers and indexing, not the hardware, are what the sanitizers check."""
-    env = {**_sanitized_env(tmp_path, "amx_bf16"), cpu_isa.ENV_AMX_EMULATED: "1"}
+    env = _sanitized_env(tmp_path, level.removesuffix(" emulated"))
+    if level == EMULATED_AMX:
+        env[cpu_isa.ENV_AMX_EMULATED] = "1"
     done = subprocess.run([sys.executable, str(HERE / "fuzz_ops.py"), "--examples", "60"], capture_output=True,
                           text=True, env=env, timeout=1800)
-    _check(done, "fuzz at the emulated amx_bf16 level")
+    _check(done, f"fuzz at {level}")
+    assert any(name.endswith(".so") for name in os.listdir(tmp_path))        # the sanitized builds ran
 
 
 @pytest.mark.slow
