@@ -24,6 +24,14 @@ setup(
         "npu_graph.passes.matching",
         "npu_graph.passes.streams",
         "npu_graph.kernels",
+        "npu_graph.kernels.aten",
+        "npu_graph.kernels.indexer",
+        "npu_graph.kernels.kda",
+        "npu_graph.kernels.moe",
+        "npu_graph.kernels.native",
+        "npu_graph.kernels.quant",
+        "npu_graph.kernels.rowwise",
+        "npu_graph.kernels.sparse_attention",
         "npu_graph.tools",
     ],
     package_dir={
@@ -33,7 +41,7 @@ setup(
         "npu_graph.tools": "tools",
     },
     py_modules=["npu_graph_torch_logs"],  # the TORCH_LOGS names, registered while torch is imported
-    package_data={"npu_graph.kernels": ["native/*.c", "native/*.h"]},
+    package_data={"npu_graph.kernels.native": ["*.c", "*.h"]},
     # torch: the minor version the tests run on (npu_graph/startup.py checks it at import); numpy: without
     # it `import torch` warns "Failed to initialize NumPy" on a clean install.
     install_requires=["torch>=2.13,<2.14", "numpy>=1.24", "rich>=13", "safetensors>=0.4"],

@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import torch
 
-from npu_graph.kernels import dispatch, native, native_prototypes
 from npu_graph.kernels.checks import (
     once_per_signature,
     require,
@@ -40,6 +39,9 @@ from npu_graph.kernels.checks import (
     require_same,
     static_checks_needed,
 )
+from npu_graph.kernels.native import dispatch
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.native import prototypes as native_prototypes
 
 OP = "attn_res"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)

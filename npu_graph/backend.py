@@ -33,8 +33,8 @@ from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_co
 from npu_graph.capture import capture_and_compile
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
-from npu_graph.kernels import native_prebuild
 from npu_graph.kernels.checks import FusedPreconditionError
+from npu_graph.kernels.native import prebuild as native_prebuild
 from npu_graph.observe.dump import GraphDump, current_compile_id, dump_matches_entry
 from npu_graph.observe.implementations import refreshed_after_first_call
 from npu_graph.observe.report import GraphReport

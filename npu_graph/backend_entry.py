@@ -11,6 +11,6 @@ def __getattr__(name: str) -> Any:
     if name != "ascend_dsa":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from npu_graph.backend import ascend_dsa
-    from npu_graph.kernels import native_prebuild
+    from npu_graph.kernels.native import prebuild as native_prebuild
     native_prebuild.start_ahead()
     return ascend_dsa

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from npu_graph.kernels import call_plans
+from npu_graph.kernels.native import call_plans
 from npu_graph.models.tiny_transformers import build_tiny
 
 # Native kernels wherever they apply (kernels/dispatch.py's "force" mode), so every test knows which path ran and

@@ -120,7 +120,7 @@ def test_compiled_graph_runs_direct_calls_with_identical_results():
 
 def test_static_checks_are_skipped_only_inside_a_compiled_graph(monkeypatch):
     from npu_graph.kernels import checks
-    from npu_graph.kernels import rms_norm as rms_module
+    from npu_graph.kernels.rowwise import rms_norm as rms_module
 
     calls = []
     monkeypatch.setattr(rms_module, "_check", lambda *a: calls.append(a))

@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from npu_graph.kernels import cpu_isa, dispatch
+from npu_graph.kernels.native import cpu_isa, dispatch
 
 SUITES = {
     "e2e": "npu_graph.tools.bench_e2e",

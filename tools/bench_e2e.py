@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_graph
-from npu_graph.kernels import dispatch
+from npu_graph.kernels.native import dispatch
 from npu_graph.models.cache import DSALayerCache, HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.observe import progress

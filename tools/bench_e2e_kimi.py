@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import npu_graph
-from npu_graph.kernels import dispatch
+from npu_graph.kernels.native import dispatch
 from npu_graph.models.tiny_transformers import build_tiny
 from npu_graph.runtime import glue_upgrade
 from npu_graph.tools.timing import time_side_by_side

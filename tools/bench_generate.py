@@ -32,7 +32,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import npu_graph
-from npu_graph.kernels import dispatch
+from npu_graph.kernels.native import dispatch
 from npu_graph.models.tiny_transformers import EXTRA, build_tiny
 from npu_graph.observe import progress
 from npu_graph.observe.report import glue_summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from npu_graph.kernels import dispatch
+from npu_graph.kernels.native import dispatch
 from npu_graph.observe import progress
 from npu_graph.tools import bench_kernels_dsa, bench_kernels_kda, bench_kernels_quant
 from npu_graph.tools.timing import time_side_by_side

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from npu_graph.kernels import lightning_indexer, sparse_flash_attention  # noqa: F401  (register the ops)
+from npu_graph.kernels.indexer import lightning_indexer  # noqa: F401  (register the ops)
 
 DECODE_CONTEXT = 16384
 TOP_K = 2048

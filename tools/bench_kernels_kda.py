@@ -21,9 +21,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from npu_graph.kernels import attn_res, chunk_kda, fused_moe, moe_gating  # noqa: F401  (registers the ops)
+from npu_graph.kernels import attn_res  # noqa: F401  (registers the ops)
 from npu_graph.kernels.attn_res import reference_attn_res
-from npu_graph.kernels.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.kda.chunk_kda import reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
 

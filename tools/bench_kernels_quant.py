@@ -12,7 +12,10 @@ from typing import Any
 
 import torch
 
-from npu_graph.kernels import block_quant, mx_quant, nz, rms_norm
+from npu_graph.kernels import nz
+from npu_graph.kernels.quant import block as block_quant
+from npu_graph.kernels.quant import mx as mx_quant
+from npu_graph.kernels.rowwise import rms_norm
 
 ROWS, HIDDEN = 4096, 7168
 OPS = torch.ops.ascend_dsa

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from npu_graph.kernels import lightning_indexer, sparse_flash_attention
+from npu_graph.kernels.indexer import lightning_indexer
+from npu_graph.kernels.sparse_attention import sparse_flash_attention
 from npu_graph.models.hybrid import HybridConfig, HybridLM, generate_greedy
 
 IMPLEMENTATIONS = {"indexer": (lightning_indexer, "_lightning_indexer_cpu"),

@@ -10,22 +10,17 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from npu_graph.kernels import (
-    attn_res,
-    causal_lengths,
-    chunk_kda,
-    chunk_kda_native,
-    cpu_isa,
-    dispatch,
-    fused_moe,
-    lightning_indexer,
-    moe_gating,
-    moe_gating_native,
-    native_prebuild,
-    rms_norm,
-    rotary_mul,
-)
-from npu_graph.kernels import sparse_flash_attention as sfa
+from npu_graph.kernels import attn_res
+from npu_graph.kernels.indexer import causal_lengths, lightning_indexer
+from npu_graph.kernels.kda import chunk_kda
+from npu_graph.kernels.kda import native as chunk_kda_native
+from npu_graph.kernels.moe import fused_moe
+from npu_graph.kernels.moe import gating as moe_gating
+from npu_graph.kernels.moe import gating_native as moe_gating_native
+from npu_graph.kernels.native import cpu_isa, dispatch
+from npu_graph.kernels.native import prebuild as native_prebuild
+from npu_graph.kernels.rowwise import rms_norm, rotary_mul
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
 from npu_graph.observe.report import graph_nodes
 from npu_graph.targets.cpu_bindings import NATIVE_KERNELS
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from npu_graph.kernels import skinny_mm
+from npu_graph.kernels.aten import skinny_mm
 from npu_graph.kernels.checks import require, require_dtype, require_rank, require_same
 
 OP = "grouped_swiglu"

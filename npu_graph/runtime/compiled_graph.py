@@ -21,8 +21,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from npu_graph.kernels import env_settings
 from npu_graph.kernels.checks import shapes_checked_at_trace
+from npu_graph.kernels.native import env_settings
 from npu_graph.runtime import direct_calls, glue_upgrade, inductor_glue, weight_arena
 from npu_graph.runtime.glue_upgrade import GlueUpgrade
 from npu_graph.runtime.profiling import ProfiledCalls

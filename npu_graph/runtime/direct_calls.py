@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._library import custom_ops
 
-from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
+from npu_graph.kernels.aten import dense_attention, depthwise_conv1d, skinny_mm
 from npu_graph.runtime.serial_calls import serial_when_small
 from npu_graph.targets.cpu_bindings import FUSED_PREFIX
 

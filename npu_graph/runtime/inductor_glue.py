@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
-from npu_graph.kernels.rotary_mul import reference_rotary_mul
+from npu_graph.kernels.rowwise.rms_norm import reference_add_rms_norm, reference_rms_norm
+from npu_graph.kernels.rowwise.rotary_mul import reference_rotary_mul
 from npu_graph.passes.streams.cost_model import numel
 from npu_graph.runtime import glue_layouts
 

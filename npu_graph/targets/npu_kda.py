@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from npu_graph.kernels.chunk_kda import RECURRENT_MAX_T
+from npu_graph.kernels.kda.chunk_kda import RECURRENT_MAX_T
 from npu_graph.targets.npu_ops import Emission, Lowering
 
 FLOOR = -80.0   # chunk_kda's floor on the log decay (exp(-80) is 0 at fp32 precision)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_graph  # noqa: F401  (registers the ops)
-from npu_graph.kernels import skinny_mm
+from npu_graph.kernels.aten import skinny_mm
 
 OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

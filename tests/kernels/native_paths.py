@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from npu_graph.kernels import cpu_isa, native
+from npu_graph.kernels.native import cpu_isa
+from npu_graph.kernels.native import loader as native
 
 LEVELS = cpu_isa.supported()
 

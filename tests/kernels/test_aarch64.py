@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_graph.kernels import native
+from npu_graph.kernels.native import loader as native
 
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
 SYSROOT = Path("/usr/aarch64-linux-gnu")

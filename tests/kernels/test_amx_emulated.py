@@ -14,7 +14,8 @@ import pytest
 import torch
 from test_cpu_isa import AVX512
 
-from npu_graph.kernels import cpu_isa, native
+from npu_graph.kernels.native import cpu_isa
+from npu_graph.kernels.native import loader as native
 from npu_graph.tools import bench
 
 HERE = Path(__file__).parent

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_graph.kernels import attn_res as attn_res_module
-from npu_graph.kernels import native
 from npu_graph.kernels.attn_res import block_phase, merge_partial, reference_attn_res
+from npu_graph.kernels.native import loader as native
 
 OPS = torch.ops.ascend_dsa
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}

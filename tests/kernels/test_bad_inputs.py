@@ -10,9 +10,13 @@ import torch
 from native_paths import LEVELS, native_and_torch
 from test_lightning_indexer import assert_same_topk
 
-from npu_graph.kernels import causal_lengths, indexer_checks, lightning_indexer, sfa_reference, sfa_torch, skinny_mm
-from npu_graph.kernels import sparse_flash_attention as sfa
-from npu_graph.kernels.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.aten import skinny_mm
+from npu_graph.kernels.indexer import causal_lengths, lightning_indexer
+from npu_graph.kernels.indexer import checks as indexer_checks
+from npu_graph.kernels.kda.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.sparse_attention import reference as sfa_reference
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
+from npu_graph.kernels.sparse_attention import torch_path as sfa_torch
 
 SFA = torch.ops.ascend_dsa.sparse_flash_attention
 INDEXER = torch.ops.ascend_dsa.lightning_indexer

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import mx_quant
-from npu_graph.kernels.block_quant import reference_dequant_block, reference_dynamic_block_quant
+from npu_graph.kernels.quant import mx as mx_quant
+from npu_graph.kernels.quant.block import reference_dequant_block, reference_dynamic_block_quant
 
 OPS = torch.ops.ascend_dsa
 FP8 = torch.float8_e4m3fn

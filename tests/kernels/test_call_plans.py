@@ -6,11 +6,13 @@ import itertools
 import pytest
 import torch
 
-from npu_graph.kernels import call_plans, dispatch, native, sfa_plan
-from npu_graph.kernels import lightning_indexer_native as li_native
-from npu_graph.kernels import rms_norm as rms_module
-from npu_graph.kernels import sparse_flash_attention as sfa
 from npu_graph.kernels.checks import FusedPreconditionError
+from npu_graph.kernels.indexer import native as li_native
+from npu_graph.kernels.native import call_plans, dispatch
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.rowwise import rms_norm as rms_module
+from npu_graph.kernels.sparse_attention import plan as sfa_plan
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
 
 OPS = torch.ops.ascend_dsa
 
@@ -166,7 +168,7 @@ def test_indexer_plans_serve_a_growing_cache_and_equal_the_full_path(monkeypatch
     """A decode graph's key cache grows by a row per step: one plan serves every length of a dispatch bucket,
     and each planned call equals the full path (ASCEND_DSA_NATIVE=1, plans cleared before it) bit for bit."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
-    from npu_graph.kernels import lightning_indexer as li
+    from npu_graph.kernels.indexer import lightning_indexer as li
 
     query, key, weights, table = indexer_inputs(batch, s1, 40, paged=paged)
     layout = {"layout_key": "PA_BSND"} if paged else {}
@@ -280,7 +282,7 @@ def test_paged_sparse_attention_plans_equal_the_full_path(monkeypatch, batch):
 
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_chunk_kda_plans_equal_the_full_path(monkeypatch, switch):
-    from npu_graph.kernels import chunk_kda as kda
+    from npu_graph.kernels.kda import chunk_kda as kda
 
     monkeypatch.setenv(native.ENV_SWITCH, switch)
     g = torch.Generator().manual_seed(6)
@@ -315,7 +317,7 @@ def test_indexer_prefill_rows_shared_by_the_threads_equal_one_thread(monkeypatch
 def test_router_plans_equal_the_full_path(switch, rows, special, monkeypatch):
     """moe_gating_top_k's plan (the normalisation, then the native selection or torch's) gives the full path's
     results bit for bit, a non-finite score included (the native entry declines it, the torch path answers)."""
-    from npu_graph.kernels import moe_gating
+    from npu_graph.kernels.moe import gating as moe_gating
     monkeypatch.setenv(native.ENV_SWITCH, switch)
     monkeypatch.setattr(moe_gating, "_PLANS", call_plans.Plans(moe_gating.OP))
     x, bias = torch.randn(rows, 64), torch.randn(64)

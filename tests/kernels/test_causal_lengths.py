@@ -7,9 +7,9 @@ import pytest
 import torch
 from native_paths import native_and_torch
 
-from npu_graph.kernels import causal_lengths as module
-from npu_graph.kernels.causal_lengths import reference_causal_lengths
 from npu_graph.kernels.checks import FusedPreconditionError
+from npu_graph.kernels.indexer import causal_lengths as module
+from npu_graph.kernels.indexer.causal_lengths import reference_causal_lengths
 
 OP = torch.ops.ascend_dsa.causal_lengths
 path = native_and_torch(module.NATIVE_SOURCE)

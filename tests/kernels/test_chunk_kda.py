@@ -8,9 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import chunk_kda as chunk_kda_module
-from npu_graph.kernels import chunk_kda_native, native
-from npu_graph.kernels.chunk_kda import kda_transition, reference_chunk_kda
+from npu_graph.kernels.kda import chunk_kda as chunk_kda_module
+from npu_graph.kernels.kda import native as chunk_kda_native
+from npu_graph.kernels.kda.chunk_kda import kda_transition, reference_chunk_kda
+from npu_graph.kernels.native import loader as native
 
 OPS = torch.ops.ascend_dsa
 

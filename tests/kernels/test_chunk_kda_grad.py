@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import npu_graph.kernels  # noqa: F401  (registers the ops)
-from npu_graph.kernels.chunk_kda import reference_chunk_kda
-from npu_graph.kernels.chunk_kda_grad import _unit_lower_solve, differentiable_chunk_kda
+from npu_graph.kernels.kda.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.kda.grad import _unit_lower_solve, differentiable_chunk_kda
 
 
 def _inputs(b, t, h, dk, dv, strong_decay=False, seed=0):

@@ -6,8 +6,8 @@ import torch
 from native_paths import native_and_torch
 from test_chunk_kda import make_inputs
 
-from npu_graph.kernels import chunk_kda_native
-from npu_graph.kernels.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.kda import native as chunk_kda_native
+from npu_graph.kernels.kda.chunk_kda import reference_chunk_kda
 
 OPS = torch.ops.ascend_dsa
 

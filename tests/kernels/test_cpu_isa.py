@@ -7,7 +7,8 @@ import subprocess
 import pytest
 import torch
 
-from npu_graph.kernels import cpu_isa, native
+from npu_graph.kernels.native import cpu_isa
+from npu_graph.kernels.native import loader as native
 
 AVX2 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}

@@ -6,7 +6,8 @@ import pytest
 import torch
 from native_paths import refuse
 
-from npu_graph.kernels import dense_attention, native
+from npu_graph.kernels.aten import dense_attention
+from npu_graph.kernels.native import loader as native
 
 LOADED, WHY = native.available(dense_attention.NATIVE_SOURCE)
 needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")

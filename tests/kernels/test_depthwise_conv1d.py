@@ -6,7 +6,8 @@ import pytest
 import torch
 from native_paths import at_each_level, refuse
 
-from npu_graph.kernels import depthwise_conv1d, native
+from npu_graph.kernels.aten import depthwise_conv1d
+from npu_graph.kernels.native import loader as native
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets.cpu_bindings import bind_source
 

@@ -7,8 +7,9 @@ import time
 import pytest
 import torch
 
-from npu_graph.kernels import call_plans, dispatch, native
-from npu_graph.kernels.rms_norm import reference_rms_norm
+from npu_graph.kernels.native import call_plans, dispatch
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.rowwise.rms_norm import reference_rms_norm
 
 
 @pytest.fixture

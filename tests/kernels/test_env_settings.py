@@ -3,7 +3,8 @@ per call of a compiled graph (a change takes effect at the graph's next call).""
 import torch
 
 import npu_graph
-from npu_graph.kernels import cpu_isa, env_settings, native
+from npu_graph.kernels.native import cpu_isa, env_settings
+from npu_graph.kernels.native import loader as native
 
 
 def test_outside_a_graph_each_read_sees_the_environment(monkeypatch):

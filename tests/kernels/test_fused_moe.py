@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_paths import refuse
 
-from npu_graph.kernels import fused_moe, fused_moe_native, native
-from npu_graph.kernels.fused_moe import reference_fused_moe
+from npu_graph.kernels.moe import fused_moe, fused_moe_native
+from npu_graph.kernels.moe.fused_moe import reference_fused_moe
+from npu_graph.kernels.native import loader as native
 from npu_graph.tools.bench_kernels_kda import expert_loop
 
 OPS = torch.ops.ascend_dsa

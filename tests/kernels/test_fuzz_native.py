@@ -10,7 +10,7 @@ import fuzz_ops
 import pytest
 from native_paths import LEVELS
 
-from npu_graph.kernels import native
+from npu_graph.kernels.native import loader as native
 
 PROGRAM = Path(__file__).with_name("fuzz_ops.py")
 pytestmark = pytest.mark.skipif(not native.available("sparse_attention")[0], reason="no native kernels built")

@@ -8,9 +8,9 @@ import torch
 from native_paths import native_and_torch
 from test_lightning_indexer import assert_same_topk, make_inputs, scores_of, to_paged
 
-from npu_graph.kernels import lightning_indexer as li
-from npu_graph.kernels import lightning_indexer_native as li_native
-from npu_graph.kernels import native
+from npu_graph.kernels.indexer import lightning_indexer as li
+from npu_graph.kernels.indexer import native as li_native
+from npu_graph.kernels.native import loader as native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
 LOADED, WHY = native.available(li_native.NATIVE_SOURCE)

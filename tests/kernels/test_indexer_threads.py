@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_lightning_indexer import make_inputs, scores_of
 
-from npu_graph.kernels import lightning_indexer_native as li_native
-from npu_graph.kernels import native
+from npu_graph.kernels.indexer import native as li_native
+from npu_graph.kernels.native import loader as native
 
 LOADED, WHY = native.available(li_native.NATIVE_SOURCE)
 pytestmark = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")

@@ -6,8 +6,9 @@ import pytest
 import torch
 from test_chunk_kda import make_inputs
 
-from npu_graph.kernels import chunk_kda_native, native
-from npu_graph.kernels.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.kda import native as chunk_kda_native
+from npu_graph.kernels.kda.chunk_kda import reference_chunk_kda
+from npu_graph.kernels.native import loader as native
 
 OP = torch.ops.ascend_dsa.chunk_kda
 LOADED, WHY = native.available(chunk_kda_native.NATIVE_SOURCE)

@@ -5,9 +5,10 @@ import pytest
 import torch
 from native_paths import native_and_torch
 
-from npu_graph.kernels import lightning_indexer_native, sfa_native
 from npu_graph.kernels.checks import FusedPreconditionError
-from npu_graph.kernels.sfa_reference import reference_sparse_flash_attention
+from npu_graph.kernels.indexer import native as lightning_indexer_native
+from npu_graph.kernels.sparse_attention import native as sfa_native
+from npu_graph.kernels.sparse_attention.reference import reference_sparse_flash_attention
 
 OPS = torch.ops.ascend_dsa
 indexer_path = native_and_torch(lightning_indexer_native.NATIVE_SOURCE)

@@ -12,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_paths import native_and_torch
 
-from npu_graph.kernels import indexer_checks, indexer_keys, indexer_topk, native
-from npu_graph.kernels import lightning_indexer as li
+from npu_graph.kernels.indexer import checks as indexer_checks
+from npu_graph.kernels.indexer import keys as indexer_keys
+from npu_graph.kernels.indexer import lightning_indexer as li
+from npu_graph.kernels.indexer import topk as indexer_topk
+from npu_graph.kernels.native import loader as native
 
 OP = torch.ops.ascend_dsa.lightning_indexer
 path = native_and_torch(li.lightning_indexer_native.NATIVE_SOURCE)
@@ -126,7 +129,7 @@ def test_torch_paths_under_onednn_limited_to_avx2():
     variable once)."""
     program = """
 import torch, npu_graph
-from npu_graph.kernels import indexer_keys, lightning_indexer as li
+from npu_graph.kernels.indexer import keys as indexer_keys, lightning_indexer as li
 assert not indexer_keys.onednn_bf16()
 g = torch.Generator().manual_seed(0)
 q = torch.randn(1, 1, 16, 64, generator=g).bfloat16()

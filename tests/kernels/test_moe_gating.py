@@ -8,8 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_paths import native_and_torch
 
-from npu_graph.kernels import call_plans, moe_gating, moe_gating_native, native
-from npu_graph.kernels.moe_gating import reference_moe_gating_top_k
+from npu_graph.kernels.moe import gating as moe_gating
+from npu_graph.kernels.moe import gating_native as moe_gating_native
+from npu_graph.kernels.moe.gating import reference_moe_gating_top_k
+from npu_graph.kernels.native import call_plans
+from npu_graph.kernels.native import loader as native
 from npu_graph.tools.bench_kernels_kda import grouped_router
 
 OPS = torch.ops.ascend_dsa

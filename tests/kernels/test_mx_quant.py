@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import mx_quant
-from npu_graph.kernels.mx_quant import reference_dequant_mx, reference_dynamic_mx_quant
+from npu_graph.kernels.quant import mx as mx_quant
+from npu_graph.kernels.quant.mx import reference_dequant_mx, reference_dynamic_mx_quant
 
 OPS = torch.ops.ascend_dsa
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

@@ -4,7 +4,7 @@ not notice."""
 import pytest
 from native_paths import at_each_level, require_built
 
-from npu_graph.kernels import native
+from npu_graph.kernels.native import loader as native
 
 SOURCES = sorted(p.stem for p in native.SOURCE_DIR.glob("*.c"))
 

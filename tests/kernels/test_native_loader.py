@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from npu_graph.kernels import cpu_isa, native, native_trust
+from npu_graph.kernels.native import cpu_isa
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.native import trust as native_trust
 
 SOURCE = "sparse_attention"
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from npu_graph.kernels import native, native_prebuild
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.native import prebuild as native_prebuild
 
 SMALL = ("causal_lengths", "moe_gating")
 

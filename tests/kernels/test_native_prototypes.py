@@ -18,8 +18,9 @@ from typing import Any
 import native_call_sites
 import pytest
 
-from npu_graph.kernels import native, native_prototypes
-from npu_graph.kernels.native_prototypes import Param, PrototypeError
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.native import prototypes as native_prototypes
+from npu_graph.kernels.native.prototypes import Param, PrototypeError
 
 KERNELS = Path(native_prototypes.__file__).parent
 SOURCES = sorted(path.stem for path in native_prototypes.SOURCE_DIR.glob("*.c"))

@@ -9,7 +9,8 @@ import warnings
 import pytest
 
 from npu_graph.cache import trust
-from npu_graph.kernels import native, native_trust
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.native import trust as native_trust
 
 SOURCE = "rms_norm"
 PAYLOAD = """
@@ -32,7 +33,7 @@ def folder(monkeypatch, tmp_path):
 
 
 def expected_path() -> str:
-    from npu_graph.kernels import cpu_isa
+    from npu_graph.kernels.native import cpu_isa
     return str(native.library_path(SOURCE, native.compiler(), cpu_isa.active()))
 
 

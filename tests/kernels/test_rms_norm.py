@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import native
-from npu_graph.kernels import rms_norm as rms_module
-from npu_graph.kernels.rms_norm import reference_add_rms_norm, reference_rms_norm
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.rowwise import rms_norm as rms_module
+from npu_graph.kernels.rowwise.rms_norm import reference_add_rms_norm, reference_rms_norm
 
 OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import native
-from npu_graph.kernels import rotary_mul as rotary_module
-from npu_graph.kernels.rotary_mul import reference_rotary_mul
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.rowwise import rotary_mul as rotary_module
+from npu_graph.kernels.rowwise.rotary_mul import reference_rotary_mul
 
 OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

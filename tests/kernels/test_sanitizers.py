@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from native_paths import LEVELS
 
-from npu_graph.kernels import cpu_isa, native
+from npu_graph.kernels.native import cpu_isa
+from npu_graph.kernels.native import loader as native
 
 HERE = Path(__file__).parent
 SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"

@@ -6,8 +6,9 @@ import torch
 from native_paths import native_and_torch
 from test_sparse_flash_attention import assert_outputs_close, make_inputs, random_indices, to_paged
 
-from npu_graph.kernels import native, sfa_native
-from npu_graph.kernels import sparse_flash_attention as sfa
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.sparse_attention import native as sfa_native
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
 
 OP = torch.ops.ascend_dsa.sparse_flash_attention
 LOADED, WHY = native.available(sfa.NATIVE_SOURCE)

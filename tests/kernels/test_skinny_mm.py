@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from native_paths import refuse
 
-from npu_graph.kernels import native, skinny_mm
+from npu_graph.kernels.aten import skinny_mm
+from npu_graph.kernels.native import loader as native
 
 LOADED, WHY = native.available(skinny_mm.NATIVE_SOURCE)
 needs_native = pytest.mark.skipif(not LOADED, reason=f"native kernel not available: {WHY}")
@@ -114,7 +115,7 @@ def test_weights_of_half_a_core_cache_are_measured_streamed():
 
 @needs_native
 def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, tmp_path):
-    from npu_graph.kernels import dispatch
+    from npu_graph.kernels.native import dispatch
 
     monkeypatch.setenv(native.ENV_SWITCH, "auto")
     monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")

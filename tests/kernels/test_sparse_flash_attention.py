@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_graph.kernels import sfa_native, sfa_torch
-from npu_graph.kernels import sparse_flash_attention as sfa
+from npu_graph.kernels.sparse_attention import native as sfa_native
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
+from npu_graph.kernels.sparse_attention import torch_path as sfa_torch
 
 OP = torch.ops.ascend_dsa.sparse_flash_attention
 

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from npu_graph.kernels import dense_attention, depthwise_conv1d, skinny_mm
+from npu_graph.kernels.aten import dense_attention, depthwise_conv1d, skinny_mm
 
 ops = torch.ops.ascend_dsa
 

@@ -1,0 +1,134 @@
+"""Per-tile fp8 quantization (DeepSeek-V3 `act_quant`): `ascend_dsa::dynamic_block_quant` and
+`ascend_dsa::dequant_block`.
+
+Every row of `x` (all leading dimensions: per token, per head) is cut into tiles of `block_size`
+consecutive elements of the last dimension; each tile gets one fp32 scale:
+
+    s = max(amax, 1e-4) / 448              amax = max |x| over the tile
+    s = 2^ceil(log2 s)                     only with scale_fmt="ue8m0" (rounded up, so |x / s| <= 448 still)
+    y = float8_e4m3fn(clamp(x / s, -448, 448))     round to nearest even
+
+The ue8m0 rounding is done on the fp32 bits (add 0x7FFFFF, keep the exponent), never through log2. A tile
+holding NaN or ±inf gets a NaN scale and all of its `y` set to 0, so `y` is always finite (same rule as
+`dynamic_mx_quant`). `scale` has shape [..., D / block_size] and dtype float32 in both formats: with
+"ue8m0" its values are exact powers of two, ready to be stored as E8M0.
+"""
+import torch
+from torch import Tensor
+
+from npu_graph.kernels.checks import require, require_choice, require_divisible, require_dtype, require_positive
+from npu_graph.kernels.quant.mx import FLOAT_DTYPES, chunk_bounds, decode_fp8_scaled
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-4
+SCALE_FORMATS = ("fp32", "ue8m0")
+
+
+def _scale_shape(shape: torch.Size, block_size: int) -> list[int]:
+    return [*shape[:-1], shape[-1] // block_size]
+
+
+def _check_quant(x: Tensor, block_size: int, scale_fmt: str) -> None:
+    op = "dynamic_block_quant"
+    require(x.dim() >= 1, f"{op}: `x` must have at least one dimension, got a scalar")
+    require_dtype(op, "x", x, FLOAT_DTYPES)
+    require_positive(op, "block_size", block_size)
+    require_choice(op, "scale_fmt", scale_fmt, SCALE_FORMATS)
+    require_divisible(op, "x.shape[-1]", x.shape[-1], block_size)
+
+
+def round_up_pow2(s: Tensor) -> Tensor:
+    """2^ceil(log2 s) for positive normal fp32 `s`, by bit operations: any mantissa bit carries into the
+    exponent, then the mantissa is cleared."""
+    bits = (s.view(torch.int32) + 0x7FFFFF).bitwise_and_(0x7F800000)
+    return bits.view(torch.float32)
+
+
+def _quant_run(xb: Tensor, y: Tensor, scale: Tensor, ue8m0: bool) -> None:
+    """Quantize one run of tiles xb [b, block] into y [b, block] (fp8) and scale [b, 1] (fp32)."""
+    xf = xb.float()
+    amax = xf.abs().amax(1, keepdim=True)
+    s = amax.clamp(min=AMAX_FLOOR).div_(FP8_MAX)
+    if ue8m0:
+        s = round_up_pow2(s)
+    nonfinite = ~torch.isfinite(amax)
+    bad = bool(nonfinite.any())
+    if bad:
+        s.masked_fill_(nonfinite, float("nan"))
+    y.copy_((xf / s).clamp_(-FP8_MAX, FP8_MAX))
+    if bad:
+        y.view(torch.uint8).masked_fill_(nonfinite, 0)
+    scale.copy_(s)
+
+
+@torch.library.custom_op("ascend_dsa::dynamic_block_quant", mutates_args=())
+def dynamic_block_quant(x: Tensor, *, block_size: int = 128, scale_fmt: str = "fp32") -> tuple[Tensor, Tensor]:
+    """Quantize `x` per `block_size` tile of its last dimension: returns (y float8_e4m3fn, scale fp32)."""
+    _check_quant(x, block_size, scale_fmt)
+    xb = x.contiguous().view(-1, block_size)
+    y = torch.empty(xb.shape, dtype=FP8)
+    scale = torch.empty(xb.shape[0], 1, dtype=torch.float32)
+    for start, stop in chunk_bounds(xb.shape[0], block_size):
+        _quant_run(xb[start:stop], y[start:stop], scale[start:stop], scale_fmt == "ue8m0")
+    return y.view(x.shape), scale.view(_scale_shape(x.shape, block_size))
+
+
+@dynamic_block_quant.register_fake
+def _(x: Tensor, *, block_size: int = 128, scale_fmt: str = "fp32") -> tuple[Tensor, Tensor]:
+    _check_quant(x, block_size, scale_fmt)
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty(_scale_shape(x.shape, block_size), dtype=torch.float32)
+
+
+def reference_dynamic_block_quant(x: Tensor, *, block_size: int = 128,
+                                  scale_fmt: str = "fp32") -> tuple[Tensor, Tensor]:
+    """DeepSeek act_quant in plain fp32 math on a [..., tiles, block_size] view."""
+    tiles = x.float().unflatten(-1, (-1, block_size))
+    amax = tiles.abs().amax(-1, keepdim=True)
+    scale = amax.clamp(min=AMAX_FLOOR) / FP8_MAX
+    if scale_fmt == "ue8m0":
+        mantissa, exponent = torch.frexp(scale)        # scale = mantissa * 2^exponent, mantissa in [0.5, 1)
+        scale = torch.where(mantissa == 0.5, scale, torch.ldexp(torch.ones_like(scale), exponent))
+    bad = ~torch.isfinite(amax)
+    scale = torch.where(bad, float("nan"), scale)
+    y = torch.where(bad, 0.0, (tiles / scale).clamp(-FP8_MAX, FP8_MAX))
+    return y.flatten(-2).to(FP8), scale.squeeze(-1)
+
+
+def _check_dequant(y: Tensor, scale: Tensor, block_size: int, dst_type: torch.dtype) -> None:
+    op = "dequant_block"
+    require(y.dim() >= 1, f"{op}: `y` must have at least one dimension, got a scalar")
+    require_dtype(op, "y", y, (FP8,))
+    require_dtype(op, "scale", scale, (torch.float32,))
+    require_choice(op, "dst_type", dst_type, FLOAT_DTYPES)
+    require_positive(op, "block_size", block_size)
+    require_divisible(op, "y.shape[-1]", y.shape[-1], block_size)
+    expected = _scale_shape(y.shape, block_size)
+    require(list(scale.shape) == expected,
+            f"{op}: `scale` has shape {tuple(scale.shape)}; expected {tuple(expected)} for `y` of shape "
+            f"{tuple(y.shape)} with block_size={block_size}")
+
+
+@torch.library.custom_op("ascend_dsa::dequant_block", mutates_args=())
+def dequant_block(y: Tensor, scale: Tensor, *, block_size: int = 128,
+                  dst_type: torch.dtype = torch.float32) -> Tensor:
+    """Inverse of dynamic_block_quant: y * scale per tile, computed in fp32, returned in dst_type."""
+    _check_dequant(y, scale, block_size, dst_type)
+    yb = y.contiguous().view(-1, block_size)
+    factor = scale.contiguous().view(-1, 1)
+    out = torch.empty(yb.shape, dtype=dst_type)
+    for start, stop in chunk_bounds(yb.shape[0], block_size):
+        decode_fp8_scaled(yb[start:stop], factor[start:stop], out[start:stop])
+    return out.view(y.shape)
+
+
+@dequant_block.register_fake
+def _(y: Tensor, scale: Tensor, *, block_size: int = 128, dst_type: torch.dtype = torch.float32) -> Tensor:
+    _check_dequant(y, scale, block_size, dst_type)
+    return y.new_empty(y.shape, dtype=dst_type)
+
+
+def reference_dequant_block(y: Tensor, scale: Tensor, *, block_size: int = 128,
+                            dst_type: torch.dtype = torch.float32) -> Tensor:
+    """y * scale in fp32, each scale repeated over its tile of the last dimension."""
+    return (y.float() * scale.repeat_interleave(block_size, dim=-1)).to(dst_type)
