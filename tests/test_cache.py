@@ -125,7 +125,7 @@ def test_source_digest_covers_the_helpers_lowering_runtime_and_kernels_of_the_re
     names = {name for name, _ in cache_key.source_files(cache_key.package_roots())}
     for helper in ("npu_graph.passes/matching/axis_trace.py", "npu_graph.passes/matching/match_util.py",
                    "npu_graph/runtime/hoist.py", "npu_graph/runtime/compiled_graph.py", "npu_graph/targets/cpu.py",
-                   "npu_graph.kernels/rms_norm.py", "npu_graph.kernels/native/rms_norm.c"):
+                   "npu_graph.kernels/rowwise/rms_norm.py", "npu_graph.kernels/native/rms_norm.c"):
         assert helper in names, helper
     assert not any(name.startswith("npu_graph/tools/") or "__pycache__" in name for name in names)
     base = cache_key.source_digest_of(cache_key.package_roots())

@@ -131,7 +131,8 @@ def _paths_digest() -> str:
     """A digest of the kernels' Python sources: what an op's native and torch paths are is decided there too, so a
     choice measured with other Python code is measured again (the library's build name covers the C source)."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    kernels = Path(__file__).parents[1]     # every family's modules, this package's included
+    for path in sorted(kernels.rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -46,7 +46,7 @@ from npu_graph.kernels.native import cpu_isa, env_settings
 from npu_graph.kernels.native import trust as native_trust
 from npu_graph.observe import progress
 
-SOURCE_DIR = Path(__file__).parent / "native"
+SOURCE_DIR = Path(__file__).parent     # the C sources sit beside this package's modules
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")

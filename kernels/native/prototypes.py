@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SOURCE_DIR = Path(__file__).parent / "native"
+SOURCE_DIR = Path(__file__).parent     # the C sources sit beside this package's modules
 C_SCALARS: dict[str, Any] = {
     "void": None, "int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64, "size_t": ctypes.c_size_t,

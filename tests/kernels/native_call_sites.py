@@ -1,15 +1,23 @@
 """The Python call sites of the native kernels, found by reading the kernel modules (no kernel runs).
 
-`find(modules)` follows each `native_prototypes.typed(lib, SOURCE, "name")` through assignments, tuple returns,
-subscripts, conditional expressions, arguments of the module's own functions (also through functools.partial and
-other kernel modules' functions) and closures, and records every call of such a function with the number of
-arguments it passes. ctypes does not check that number for C functions: it refuses too few arguments but passes
-extra ones on, so a call that still passes an argument the C no longer takes would go unnoticed. A call with
-`*args` of unknown length records only the arguments it is sure of.
+`find(modules)` follows each `typed(lib, SOURCE, "name")` of kernels/native/prototypes.py through assignments, tuple
+returns, subscripts, conditional expressions, arguments of the module's own functions (also through
+functools.partial and other kernel modules' functions) and closures, and records every call of such a function with
+the number of arguments it passes. ctypes does not check that number for C functions: it refuses too few arguments
+but passes extra ones on, so a call that still passes an argument the C no longer takes would go unnoticed. A call
+with `*args` of unknown length records only the arguments it is sure of.
 """
 import ast
 from dataclasses import dataclass, field
 from typing import Any
+
+PACKAGE = "npu_graph.kernels"
+PROTOTYPES = "native.prototypes"     # the module whose `typed` binds a native function
+
+
+def kernel_module(package: str, name: str) -> str:
+    """The name, relative to npu_graph.kernels, of what `from package import name` imports (a module or not)."""
+    return f"{package}.{name}".removeprefix(f"{PACKAGE}.")
 
 
 @dataclass(frozen=True)
@@ -44,10 +52,12 @@ class _Modules:
         self.trees = {name: ast.parse(text) for name, text in modules.items()}
         self.functions: dict[tuple[str, str], ast.FunctionDef] = {}
         self.constants: dict[tuple[str, str], str] = {}
-        self.aliases: dict[str, dict[str, str]] = {}
+        self.imports: dict[str, dict[str, str]] = {}     # local name -> kernel module, of every module
+        self.aliases: dict[str, dict[str, str]] = {}     # the same, for the kernel modules being read
         for mod, tree in self.trees.items():
-            self.aliases[mod] = {a.asname or a.name: a.name for node in tree.body if isinstance(node, ast.ImportFrom)
-                                 for a in node.names if a.name in modules}
+            self.imports[mod] = {a.asname or a.name: kernel_module(node.module, a.name) for node in tree.body
+                                 if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
+            self.aliases[mod] = {name: full for name, full in self.imports[mod].items() if full in modules}
             for node in tree.body:
                 if isinstance(node, ast.FunctionDef):
                     self.functions[(mod, node.name)] = node
@@ -140,8 +150,8 @@ class _Function:
         for keyword in node.keywords:
             self.expr(keyword.value)
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr == "typed" and \
-                isinstance(func.value, ast.Name) and func.value.id == "native_prototypes":
+        if isinstance(func, ast.Attribute) and func.attr == "typed" and isinstance(func.value, ast.Name) and \
+                self.m.imports[self.mod].get(func.value.id) == PROTOTYPES:
             source, name = (self.string(a) for a in node.args[1:3])
             fn = Fn(source or "?", name or "?")
             self.found.typed.add((self.mod, node.lineno, fn))
@@ -172,7 +182,8 @@ class _Function:
 
 
 def find(modules: dict[str, str], rounds: int = 6) -> Found:
-    """The native functions the modules ({name: source text}) bind, and their call sites (module docstring)."""
+    """The native functions the modules ({name relative to npu_graph.kernels: source text}) bind, and their call
+    sites (module docstring)."""
     m, found = _Modules(modules), Found()
     for _ in range(rounds):     # parameters and return values learnt in one round reach their users in the next
         before = (repr(m.params), repr(m.returns))

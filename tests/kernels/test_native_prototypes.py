@@ -22,9 +22,11 @@ from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
 from npu_graph.kernels.native.prototypes import Param, PrototypeError
 
-KERNELS = Path(native_prototypes.__file__).parent
+KERNELS = Path(native_prototypes.__file__).parents[1]
 SOURCES = sorted(path.stem for path in native_prototypes.SOURCE_DIR.glob("*.c"))
-MODULES = sorted(path.stem for path in KERNELS.glob("*.py") if path.stem != "__init__")
+# Every kernel module, by its name relative to npu_graph.kernels ("rowwise.rms_norm").
+MODULES = sorted(".".join(path.relative_to(KERNELS).with_suffix("").parts) for path in KERNELS.rglob("*.py")
+                 if path.stem != "__init__")
 _C_NAMES = {ctypes.c_int: "int", ctypes.c_int64: "int64_t", ctypes.c_uint32: "uint32_t", ctypes.c_uint64: "uint64_t",
             ctypes.c_float: "float", ctypes.c_double: "double"}
 Signature = tuple[Any, list[Any]]     # (restype, argtypes)
@@ -167,7 +169,7 @@ def _arity_problems(found: native_call_sites.Found) -> list[str]:
     problems = []
     for module, line, fn in sorted(found.typed, key=str):
         if fn.source not in SOURCES or fn.name not in native_prototypes.declarations(fn.source):
-            problems.append(f"{module}.py:{line}: kernels/native/{fn.source}.c declares no {fn.name}")
+            problems.append(f"{_path(module)}:{line}: kernels/native/{fn.source}.c declares no {fn.name}")
     for site in sorted(found.calls, key=str):
         declared = native_prototypes.declarations(site.fn.source).get(site.fn.name) if site.fn.source in SOURCES \
             else None
@@ -175,13 +177,17 @@ def _arity_problems(found: native_call_sites.Found) -> list[str]:
             continue    # reported above
         expected = len(declared.params)
         if site.args > expected or (site.args != expected and not site.open_ended):
-            problems.append(f"{site.module}.py:{site.line}: {site.fn.name} takes {expected} arguments, "
+            problems.append(f"{_path(site.module)}:{site.line}: {site.fn.name} takes {expected} arguments, "
                             f"{'at least ' if site.open_ended else ''}{site.args} passed")
     return problems
 
 
+def _path(module: str) -> Path:
+    return KERNELS / f"{module.replace('.', '/')}.py"
+
+
 def _kernel_modules() -> dict[str, str]:
-    return {module: (KERNELS / f"{module}.py").read_text() for module in MODULES}
+    return {module: _path(module).read_text() for module in MODULES}
 
 
 def test_every_call_passes_the_arguments_its_c_function_takes() -> None:
@@ -194,24 +200,25 @@ def test_every_call_passes_the_arguments_its_c_function_takes() -> None:
 
 
 def test_the_call_site_check_catches_a_drift() -> None:
-    module = (KERNELS / "rms_norm.py").read_text()
+    module = _path("rowwise.rms_norm").read_text()
     extra = module.replace("rows, n, x_stride, g.data_ptr()", "rows, n, n, x_stride, g.data_ptr()")
     renamed = module.replace('"rn_rows"', '"rn_rows_v1"')
     assert extra != module and renamed != module
     assert any("rn_rows takes 9 arguments, 10 passed" in p
-               for p in _arity_problems(native_call_sites.find({"rms_norm": extra})))
-    assert any("declares no rn_rows_v1" in p for p in _arity_problems(native_call_sites.find({"rms_norm": renamed})))
+               for p in _arity_problems(native_call_sites.find({"rowwise.rms_norm": extra})))
+    assert any("declares no rn_rows_v1" in p
+               for p in _arity_problems(native_call_sites.find({"rowwise.rms_norm": renamed})))
 
 
 def test_no_kernel_module_types_a_native_function_by_hand() -> None:
     exported = {name for source in SOURCES for name in native_prototypes.declarations(source)}
     for module, text in _kernel_modules().items():
-        if module == "native_prototypes":
+        if module == native_call_sites.PROTOTYPES:
             continue
-        assert ".argtypes" not in text and ".restype" not in text, f"kernels/{module}.py sets a prototype by hand"
+        assert ".argtypes" not in text and ".restype" not in text, f"{_path(module)} sets a prototype by hand"
         attributes = {node.attr for node in ast.walk(ast.parse(text))
                       if isinstance(node, ast.Attribute)}
-        assert not attributes & exported, f"kernels/{module}.py reaches {attributes & exported} around typed()"
+        assert not attributes & exported, f"{_path(module)} reaches {attributes & exported} around typed()"
 
 
 def test_typed_sets_the_declared_prototype_and_refuses_unknown_names() -> None:
