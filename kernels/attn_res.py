@@ -192,7 +192,7 @@ def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.
 
 def native_class(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor, *args: object,
                  **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for decode-sized rows when the native kernel is loaded, else
+    """The shape class kernels/native/dispatch.py measures for decode-sized rows when the native kernel is loaded, else
     None."""
     n, b, t, d = blocks.shape
     if b * t > _DIRECT_ROWS or not native.load(NATIVE_SOURCE):

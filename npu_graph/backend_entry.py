@@ -1,6 +1,6 @@
 """The `torch_dynamo_backends` entry point of `ascend_dsa` (setup.py): torch resolves the name here the first time
 a process asks for the backend (`torch.compile(..., backend="ascend_dsa")`, before Dynamo traces anything), and
-that is when the native libraries not yet built start building on a thread (kernels/native_prebuild.start_ahead),
+that is when the native libraries not yet built start building on a thread (kernels/native/prebuild.start_ahead),
 so that g++ runs beside Dynamo's tracing of the first graph. Importing npu_graph starts nothing."""
 from __future__ import annotations
 

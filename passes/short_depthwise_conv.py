@@ -6,7 +6,7 @@ cached window at every decode step. oneDNN's convolution costs ~55-70 us for tha
 out[b, c, t] = Σ_k w[c, 0, k] · x[b, c, t + k] (+ bias[c]); the NPU runs them as plain vector ops too.
 Rewritten only for stride 1, no padding, no dilation, groups == channels and a static output length of at most
 MAX_STEPS; longer (prefill) convolutions stay convolutions (on CPU the runtime binds them to
-kernels/depthwise_conv1d's native kernel, which would also take a one-step call in ~11 us: the pass is kept
+kernels/aten/depthwise_conv1d's native kernel, which would also take a one-step call in ~11 us: the pass is kept
 because it does not depend on that library being built, and compiled graphs are cached without regard to it).
 """
 from __future__ import annotations

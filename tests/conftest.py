@@ -1,5 +1,5 @@
 """Shared test fixtures: the native kernels forced on, a clean Dynamo state and no kernel call plans per test
-(kernels/call_plans: a test may patch what a plan was decided from), torch's thread count set for one test, a
+(kernels/native/call_plans: a test may patch what a plan was decided from), torch's thread count set for one test, a
 temporary dump folder,
 and tiny random-config transformers models (no downloads)."""
 import os
@@ -10,7 +10,7 @@ import torch
 from npu_graph.kernels.native import call_plans
 from npu_graph.models.tiny_transformers import build_tiny
 
-# Native kernels wherever they apply (kernels/dispatch.py's "force" mode), so every test knows which path ran and
+# Native kernels wherever they apply (kernels/native/dispatch.py's "force" mode), so every test knows which path ran and
 # none depends on a timing; the dispatch tests set "auto" themselves. Processes the tests start inherit it.
 os.environ.setdefault("ASCEND_DSA_NATIVE", "1")
 # Graphs run as generated Python: Inductor's glue (npu_graph.runtime.inductor_glue) compiles C++ for each graph,

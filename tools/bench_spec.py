@@ -10,9 +10,9 @@ head's drafts (checkpoint rollback; eager also replay) — the `rows` — and wi
 tokens: every draft accepted, the speed a perfect draft head would reach at this verify cost) — `oracle_rows`,
 kept apart so that nothing reading `rows` mistakes them for the draft head's. Tokens/s count decoded tokens
 only (the prefill is left out), medians of runs that alternate plain and speculative decoding (a shared machine's
-load then shifts both alike), after a warm-up run (which compiles, and lets kernels/dispatch.py measure its choices).
-Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback), a plain
-decode step's time and a round's cost in decode steps (speedup = tokens per round / that), and whether the tokens
+load then shifts both alike), after a warm-up run (which compiles, and lets kernels/native/dispatch.py measure its
+choices). Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback), a
+plain decode step's time and a round's cost in decode steps (speedup = tokens per round / that), and whether the tokens
 equal plain greedy decoding's.
 """
 from __future__ import annotations

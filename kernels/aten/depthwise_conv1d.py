@@ -90,7 +90,7 @@ def _output(x: Tensor, w: Tensor, steps: int) -> Tensor:
 def _native_conv(kernel: Callable[..., None], x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                  groups: int) -> Tensor:
-    """aten.convolution through the native kernel where it applies and kernels/dispatch.py measured it faster,
+    """aten.convolution through the native kernel where it applies and kernels/native/dispatch.py measured it faster,
     else aten.convolution."""
     def aten() -> Tensor:
         return _aten_conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)

@@ -68,7 +68,7 @@ def _span_bytes(w: Tensor) -> int:
 def _streamed(w: Tensor) -> bool:
     """Whether a decode step reads w from memory: a weight of half a core's own cache or more has left it by
     the time the next step comes back to it (every other layer's weights go through in between). Such
-    products are measured with w evicted (kernels/dispatch.py `prepare`): there the native kernel streams
+    products are measured with w evicted (kernels/native/dispatch.py `prepare`): there the native kernel streams
     memory faster than BLAS (1 MB: ~56 vs ~95 us on the 2-core EPYC VM), while on weights in cache the two are
     close and BLAS is ahead on the smaller ones."""
     return 2 * _span_bytes(w) >= core_cache_bytes()
@@ -91,7 +91,7 @@ def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
 
 
 def _signature(x: Tensor, w: Tensor) -> tuple:
-    """Everything `_takes` and a plan read (kernels/call_plans)."""
+    """Everything `_takes` and a plan read (kernels/native/call_plans)."""
     return (x.shape, x.stride(), x.dtype, x.is_cpu, w.shape, w.stride(), w.dtype, w.is_cpu,
             (x.requires_grad or w.requires_grad) and torch.is_grad_enabled())
 
@@ -136,8 +136,8 @@ _LINEAR_PLANS = call_plans.Plans("skinny_linear")
 
 
 def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
-    """x @ w through the native kernel where it applies and kernels/dispatch.py measured it faster, else aten.mm:
-    decided once per signature (kernels/call_plans)."""
+    """x @ w through the native kernel where it applies and kernels/native/dispatch.py measured it faster, else aten.mm:
+    decided once per signature (kernels/native/call_plans)."""
     signature = _signature(x, w)
     plan = _MM_PLANS.get(signature)
     if plan is not None:
@@ -183,7 +183,7 @@ def _native_out_plan(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Callab
 def _mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor,
             out: Tensor) -> tuple[Tensor, Callable[..., Tensor] | None]:
     """x @ w into out, as `extern_kernels.mm(x, w, out=out)` in Inductor's generated code (runtime.inductor_glue):
-    the native product where it applies and kernels/dispatch.py measured it faster (the class `_native_mm`
+    the native product where it applies and kernels/native/dispatch.py measured it faster (the class `_native_mm`
     measures), else torch.mm into out, on one thread when small; decided once per signature. Returns the result
     and the signature's plan (None while dispatch has no choice for its class)."""
     signature = (_signature(x, w), out.shape, out.stride(), out.dtype, out.is_cpu)
@@ -234,7 +234,7 @@ def mm(x: Tensor, w: Tensor) -> Tensor:
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T for x [M, K] and a linear layer's weight w [N, K] (F.linear without bias), through the native
-    kernel where it applies, else F.linear; decided once per signature (kernels/call_plans)."""
+    kernel where it applies, else F.linear; decided once per signature (kernels/native/call_plans)."""
     signature = _signature(x, w)
     plan = _LINEAR_PLANS.get(signature)
     if plan is not None:

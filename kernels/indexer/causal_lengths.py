@@ -122,7 +122,7 @@ def causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False) 
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
     actual_seq_lengths_key, key_starts), int32 [B]. Raises FusedPreconditionError when the mask is not right-down
     causal (from key 0, or from each row's key_starts with `windows`). The size checks and the path are decided
-    once per signature (kernels/call_plans); the mask's data is checked at every call."""
+    once per signature (kernels/native/call_plans); the mask's data is checked at every call."""
     signature = (mask.shape, mask.stride(), mask.dtype, mask.is_cpu, additive, windows)
     plan = _PLANS.get(signature)
     if plan is not None:
@@ -145,7 +145,7 @@ def causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False) 
 
 
 def native_class(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a mask the native check reads, else None."""
+    """The shape class kernels/native/dispatch.py measures for a mask the native check reads, else None."""
     if (mask.dtype, additive) not in _NATIVE_KINDS or not mask.is_cpu or not native.load(NATIVE_SOURCE):
         return None
     return dispatch.shape_class(mask.dtype, *mask.shape)

@@ -1,4 +1,4 @@
-"""Argument checks of `ascend_dsa::lightning_indexer` (kernels/lightning_indexer.py): ranks, shapes, dtypes and
+"""Argument checks of `ascend_dsa::lightning_indexer` (kernels/indexer/lightning_indexer.py): ranks, shapes, dtypes and
 options (nothing that reads tensor data, so the fake runs them too), the actual sequence lengths and block table
 read off the data, and which keys each query row sees. The sparse flash attention op shares the layout checks."""
 import math

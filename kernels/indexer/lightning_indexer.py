@@ -22,9 +22,9 @@ Outputs. sparse_indices int32 [B,S1,1,sparse_count]: visible key positions by de
 -1 when fewer than sparse_count keys are visible; sparse_values fp32, same shape: the scores, -inf on pads.
 MXFP8. query/key may be float8_e4m3fn with query_scale/key_scale of shape [..., D/32] (float8_e8m0fnu, or
 uint8 holding the biased exponent e): each group of 32 values along D is multiplied by 2^(e − 127).
-The CPU work is in kernels/indexer_topk.py (torch: streamed exact top-K, bf16 prefilter) and
-kernels/lightning_indexer_native.py (native decode rows); the checks in kernels/indexer_checks.py and the readable
-definition in kernels/indexer_reference.py.
+The CPU work is in kernels/indexer/topk.py (torch: streamed exact top-K, bf16 prefilter) and
+kernels/indexer/native.py (native decode rows); the checks in kernels/indexer/checks.py and the readable
+definition in kernels/indexer/reference.py.
 """
 import functools
 from collections.abc import Callable
@@ -46,7 +46,7 @@ PREFILTER_MAX_ROWS = 8    # the bf16 prefilter takes batches of at most this man
 
 
 def bf16_prefilter() -> bool:
-    """Whether decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer_topk.py): where oneDNN runs
+    """Whether decode rows of bf16 inputs take the bf16 prefilter (kernels/indexer/topk.py): where oneDNN runs
     bf16 products natively (emulated, they are slower than the fp32 pass they would save)."""
     return onednn_bf16()
 
@@ -102,7 +102,7 @@ def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_le
                       key_starts: Tensor | None = None, *, layout_query: str = "BSND", layout_key: str = "BSND",
                       sparse_count: int = 2048, sparse_mode: int = 3, return_value: bool = False
                       ) -> tuple[Tensor, Tensor]:
-    """Top-`sparse_count` key positions per query token; see the module docstring (and kernels/key_windows.py
+    """Top-`sparse_count` key positions per query token; see the module docstring (and kernels/indexer/key_windows.py
     for `key_starts`). Returns (sparse_indices int32 [B,S1,1,K], sparse_values fp32 [B,S1,1,K])."""
     if static_checks_needed():
         check_static(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
@@ -149,8 +149,8 @@ def _first_call(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_
                 actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
                 key_scale: Tensor | None, sparse_count: int, sparse_mode: int,
                 signature: tuple | None) -> tuple[Tensor, Tensor]:
-    """The op's first call of a signature (no padded rows): the implementation kernels/dispatch.py measured faster
-    for the class (the native path, or `_torch_indexer`), storing the plan of the choice."""
+    """The op's first call of a signature (no padded rows): the implementation kernels/native/dispatch.py measured
+    faster for the class (the native path, or `_torch_indexer`), storing the plan of the choice."""
 
     def run() -> tuple[Tensor, Tensor]:
         return _torch_indexer(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
@@ -179,9 +179,9 @@ _PLANS = call_plans.Plans(OP)
 def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tensor | None,
                key_lengths: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
                key_scale: Tensor | None, sparse_count: int, sparse_mode: int) -> tuple | None:
-    """What a plan depends on (kernels/call_plans). Unpaged keys [B, S2, 1, D] grow by a row per decode step: their
-    length and batch stride are left out (the plan reads them at each call) but for the power-of-two bucket of
-    S2 that kernels/dispatch.py classes calls by."""
+    """What a plan depends on (kernels/native/call_plans). Unpaged keys [B, S2, 1, D] grow by a row per decode step:
+    their length and batch stride are left out (the plan reads them at each call) but for the power-of-two bucket of
+    S2 that kernels/native/dispatch.py classes calls by."""
     keys = call_plans.tensor_key(key) if block_table is not None else \
         (call_plans.growing_key(key), dispatch.bucket(key.shape[1]))
     lengths = tuple(None if t is None else (t.dtype, t.shape) for t in (query_lengths, key_lengths))
@@ -191,7 +191,7 @@ def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tenso
 
 def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,
                  query_scale: Tensor | None = None, key_scale: Tensor | None = None, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a call the native scorer takes (unscaled keys it reads;
+    """The shape class kernels/native/dispatch.py measures for a call the native scorer takes (unscaled keys it reads;
     decode and prefill rows alike), else None."""
     if query_scale is not None or key_scale is not None or not lightning_indexer_native.takes(query, key):
         return None

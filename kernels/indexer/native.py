@@ -1,5 +1,5 @@
 """Native scoring and top-K for `ascend_dsa::lightning_indexer` query rows (kernels/native/lightning_indexer.c,
-built at first use by kernels/native.py).
+built at first use by kernels/native/loader.py).
 
 For one query token it computes score[s] = Σ_j w_j·ReLU(q_j·k_s) for every visible key s in fp32, straight
 from the stored fp32 / bf16 / fp16 keys (BSND rows or a paged cache through its block table): no fp32 copy
@@ -137,7 +137,7 @@ _LI_TIES, _LI_PADDED, _LI_NO_MEMORY = 5, 6, 1
 def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights: Tensor, k: int, sparse_mode: int,
                 lengths: tuple[Tensor | None, Tensor | None], check_lengths: Callable[..., tuple[list[int], list[int]]]
                 ) -> Callable[..., tuple[Tensor, Tensor] | None] | None:
-    """The op's native path for calls of these operands' signature (the plan kernels/call_plans keeps), or None
+    """The op's native path for calls of these operands' signature (the plan kernels/native/call_plans keeps), or None
     when the kernel does not take them: one li_call per op call, which checks the lengths and the block table,
     scores every batch's rows (a decode row's keys shared by the threads, a prefill's rows handed to them) and
     writes every output. A BSND cache grows by a row per decode step: its length and batch stride are read at

@@ -1,5 +1,5 @@
 """The readable definition of `ascend_dsa::lightning_indexer`, one query row at a time in fp32: the reference
-the fast paths are tested against (kernels/lightning_indexer.py has the op's contract)."""
+the fast paths are tested against (kernels/indexer/lightning_indexer.py has the op's contract)."""
 import math
 
 import torch

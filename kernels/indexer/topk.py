@@ -1,4 +1,4 @@
-"""The torch paths of `ascend_dsa::lightning_indexer` (kernels/lightning_indexer.py picks one per block of
+"""The torch paths of `ascend_dsa::lightning_indexer` (kernels/indexer/lightning_indexer.py picks one per block of
 query rows): the streamed exact top-K and the bf16 prefilter.
 
 Streamed. Query rows are processed in blocks; the keys of a batch stream through in chunks (as many keys as keep the
@@ -7,11 +7,11 @@ one GEMM [chunk, D] @ [D, rows·N1] with the ReLU fused and a matvec with the we
 running top-K: score memory is bounded by SCORE_BUDGET whatever the context length (a decode row's 16 heads × 16K
 keys fit in one chunk; a prefill block's do not).
 
-Where the native kernel is built and takes the inputs (kernels/lightning_indexer_native.py: fp32/bf16/fp16 keys),
-kernels/dispatch.py times it against these paths per shape class and keeps the faster: it scores every visible key
-of a row in fp32 straight from the stored keys, then one top-K. Without it, decode rows (at most PREFILTER_MAX_ROWS
-of kernels/lightning_indexer.py valid query rows in a batch; bf16 query and keys, more than 2K visible keys) on a
-CPU with native bf16 dot products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take
+Where the native kernel is built and takes the inputs (kernels/indexer/native.py: fp32/bf16/fp16 keys),
+kernels/native/dispatch.py times it against these paths per shape class and keeps the faster: it scores every visible
+key of a row in fp32 straight from the stored keys, then one top-K. Without it, decode rows (at most PREFILTER_MAX_ROWS
+of kernels/indexer/lightning_indexer.py valid query rows in a batch; bf16 query and keys, more than 2K visible keys) on
+a CPU with native bf16 dot products (AVX512-BF16: there a bf16 GEMM is ~2x an fp32 one; elsewhere it is emulated) take
 a prefilter instead: one bf16 GEMM over all keys (fp32 accumulation, each dot product q_j·k rounded once to bf16,
 unit roundoff u = 2^-8) and a small one over its ReLU give every key an approximate score A and Bnd = Σ_j
 |w_j|·ReLU(q_j·k). Those roundings (and the weights', when they are not bf16 already) move A by at most 2u·Bnd

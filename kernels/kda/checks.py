@@ -1,4 +1,4 @@
-"""Argument checks of `ascend_dsa::chunk_kda` and `ascend_dsa::chunk_kda_states` (kernels/chunk_kda.py): ranks,
+"""Argument checks of `ascend_dsa::chunk_kda` and `ascend_dsa::chunk_kda_states` (kernels/kda/chunk_kda.py): ranks,
 shapes, dtypes and options (nothing that reads tensor data, so the fakes run them too), and the one check on the
 data, that the log decay g is <= 0."""
 import torch

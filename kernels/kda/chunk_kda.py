@@ -10,10 +10,10 @@ beta [B,T,H], initial_state [B,H,K,V] fp32. Per head and step t (S is [K,V]):
 Outputs `(o, final_state)`: o [B,T,H,V] in v's dtype; final_state [B,H,K,V] fp32 when
 `output_final_state`, else an empty fp32 tensor of shape [0] (a custom op cannot return None).
 
-CPU paths, all in fp32. Where the native library is built (kernels/chunk_kda_native.py), the recurrence itself
-runs in C with the state in cache: on a CPU that beats the chunked form (kernels/kda_chunked.py; T=4096, H=4,
+CPU paths, all in fp32. Where the native library is built (kernels/kda/native.py), the recurrence itself
+runs in C with the state in cache: on a CPU that beats the chunked form (kernels/kda/chunked.py; T=4096, H=4,
 K=V=128: ~13 vs ~55 ms), which is what the NPU kernels run and what the torch path runs without a C compiler.
-Argument checks are in kernels/kda_checks.py.
+Argument checks are in kernels/kda/checks.py.
 
 Non-finite values: an inf or NaN in q, k, v, beta, g or the initial state at step t makes the outputs (and the
 state) from step t on non-finite and leaves every earlier output as it would be; all CPU paths and the
@@ -164,7 +164,7 @@ chunk_kda_grad.register(chunk_kda)
 
 def native_class(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  *args: object, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures when the native recurrence is loaded, else None."""
+    """The shape class kernels/native/dispatch.py measures when the native recurrence is loaded, else None."""
     if not native.load(chunk_kda_native.NATIVE_SOURCE) or v.shape[-1] == 0:
         return None
     return dispatch.shape_class(v.dtype, *k.shape[1:], v.shape[-1])

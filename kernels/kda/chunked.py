@@ -1,4 +1,4 @@
-"""The chunked form of `ascend_dsa::chunk_kda` in torch (kernels/chunk_kda.py runs it when the native
+"""The chunked form of `ascend_dsa::chunk_kda` in torch (kernels/kda/chunk_kda.py runs it when the native
 recurrence is not built and the sequence is long and finite), and `kda_transition`, the affine state map of a
 segment built on it.
 

@@ -1,10 +1,11 @@
-"""Native KDA recurrence for `ascend_dsa::chunk_kda` (kernels/native/kda.c, built at first use by kernels/native.py).
+"""Native KDA recurrence for `ascend_dsa::chunk_kda` (kernels/native/kda.c, built at first use by
+kernels/native/loader.py).
 
 On a CPU the recurrence itself, run with the state in cache, beats the chunked matrix form: each state column
 evolves on its own, so a [K, <= 128] tile of the state stays in cache for the whole sequence and every step costs
 three fused multiply-adds per state element (the decay is applied lazily, see kda.c), where the chunked form's
 GEMMs and elementwise passes cost more work and stream [T, K] tensors through memory several times (T=4096, H=4,
-K=V=128: ~13 vs ~55 ms). The results are the recurrence's, in fp32 (the definition in kernels/chunk_kda.py, up
+K=V=128: ~13 vs ~55 ms). The results are the recurrence's, in fp32 (the definition in kernels/kda/chunk_kda.py, up
 to summation order).
 
 `kernel()` is None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0): the caller keeps its
@@ -47,8 +48,8 @@ def kernel() -> ctypes._CFuncPtr | None:
 def recurrence(fn: ctypes._CFuncPtr, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                initial_state: Tensor | None, states: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """o [B,T,H,V] fp32 and the final state [B*H, K, V] fp32 (a new tensor) through `kernel()`'s fn. q, k, g
-    [B,T,H,K], v [B,T,H,V], beta [B,T,H]; g is the log decay (a g > 0 is refused with kda_checks' message; floored
-    at FLOOR_EXPONENT and exponentiated by the kernel); initial_state [B,H,K,V] or None (zeros), never written;
+    [B,T,H,K], v [B,T,H,V], beta [B,T,H]; g is the log decay (a g > 0 is refused with kernels/kda/checks.py's message;
+    floored at FLOOR_EXPONENT and exponentiated by the kernel); initial_state [B,H,K,V] or None (zeros), never written;
     `states` (optional, fp32 contiguous [B, n, H, K, V], n <= T) receives the state after each of the first n
     steps."""
     b, t_len, h, dk = k.shape

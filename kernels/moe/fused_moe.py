@@ -10,9 +10,9 @@ out has x's dtype. The CPU implementation sorts the T*k (token, slot) pairs by e
 tokens of each active expert into one contiguous group, runs the two GEMMs per active expert on its
 whole group (a grouped matmul; experts no token chose cost nothing), scales the rows by their routing
 weight and scatters them back with one index_add_ into an fp32 accumulator. A single token (decode) skips
-the dispatch and runs its k experts in turn. The native kernel (kernels/fused_moe_native.py) does a call's tokens
+the dispatch and runs its k experts in turn. The native kernel (kernels/moe/fused_moe_native.py) does a call's tokens
 one by one in one call (a decode token; a short prompt of a small model, where the grouped path's ~10 calls per
-expert cost more than the arithmetic), where kernels/dispatch.py measured that faster for the shape class.
+expert cost more than the arithmetic), where kernels/native/dispatch.py measured that faster for the shape class.
 The GEMMs run in the input dtype: measured single-threaded on an AVX512-BF16 CPU (oneDNN), a bf16 expert
 GEMM is about 3x faster than the fp32 one from 4 rows up and on par for a single row, and converting the
 expert weights to fp32 would cost more than the GEMM itself.
@@ -115,7 +115,7 @@ NATIVE_SOURCE = fused_moe_native.NATIVE_SOURCE
 
 def native_class(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, *args: object, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for tokens the native kernel takes, else None."""
+    """The shape class kernels/native/dispatch.py measures for tokens the native kernel takes, else None."""
     if fused_moe_native.kernel() is None or not fused_moe_native.takes(x, w13, w2, topk_weights, topk_ids):
         return None
     return dispatch.shape_class(*(() if x.shape[0] == 1 else (x.shape[0], "tokens")), x.shape[1], w13.shape[0],
@@ -145,8 +145,8 @@ def _grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
 def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor) -> torch.Tensor:
     """The native kernel (token by token) or the torch path (a decode token's experts in turn, several tokens
-    grouped by expert), whichever kernels/dispatch.py measured faster for the class; decided once per signature
-    (kernels/call_plans)."""
+    grouped by expert), whichever kernels/native/dispatch.py measured faster for the class; decided once per signature
+    (kernels/native/call_plans)."""
     args = (x, w13, w2, topk_weights, topk_ids)
     signature = tuple((t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad) for t in args)
     plan = _PLANS.get(signature)

@@ -1,13 +1,13 @@
 """Native token-by-token `ascend_dsa::fused_moe` (kernels/native/fused_moe.c, built at first use by
-kernels/native.py).
+kernels/native/loader.py).
 
 At decode the op routes one token to its k experts. The torch path makes ~8 calls per expert (two products, a
 chunk, silu, two multiplications, an add) plus the routing lists; on a tiny model's experts that is ~150 us of
 calls around a few microseconds of arithmetic. The kernel does the token's experts in one call, in the torch
 path's order (by expert id), fp32; several tokens (a short prompt) in one call too, each as one token, shared by
 the threads when there is enough work (the grouped torch path wins once the experts' products are large).
-kernels/dispatch.py takes it where it measured it faster for the shape class, and a plan per signature
-(kernels/call_plans) keeps the decision and the sizes.
+kernels/native/dispatch.py takes it where it measured it faster for the shape class, and a plan per signature
+(kernels/native/call_plans) keeps the decision and the sizes.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ keyword-only tensor. Semantics, for router logits x [T,E], all in fp32:
 
 `out` always has shape [T,E], as in torch_npu's meta function; it is filled whatever `out_flag` says
 (on the NPU its content is only defined when out_flag is True). Ties are broken towards the lower index.
-Decode-sized routers go to a native selection (kernels/moe_gating_native.py), larger ones stay in torch.
+Decode-sized routers go to a native selection (kernels/moe/gating_native.py), larger ones stay in torch.
 """
 import functools
 from collections.abc import Callable
@@ -193,7 +193,7 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
                      out_flag: bool = False, routed_scaling_factor: float = 1.0,
                      eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router top-k; see the module docstring for the semantics. A signature's later calls run its plan
-    (kernels/call_plans): the normalisation and the path dispatch chose, with the native entry's sizes fixed."""
+    (kernels/native/call_plans): the normalisation and the path dispatch chose, with the native entry's sizes fixed."""
     if static_checks_needed():
         _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
     route = _Route(k, k_group, group_count, group_select_mode, norm_type == 1 or renorm == 1, norm_type,
@@ -204,7 +204,7 @@ def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, 
 
 
 def _first_call(route: _Route, x: Tensor, bias: Tensor | None, signature: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    """The full path: the native selection or torch's, as kernels/dispatch.py measured them for the class; stores
+    """The full path: the native selection or torch's, as kernels/native/dispatch.py measured them for the class; stores
     the plan of the choice for the signature."""
     norm = _normalize(x, route.norm_type)
     cls = native_class(norm, route.k, bias, k_group=route.k_group, group_count=route.group_count)
@@ -224,7 +224,7 @@ def _first_call(route: _Route, x: Tensor, bias: Tensor | None, signature: tuple)
 
 def native_class(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
                  group_count: int = 1, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures when the native selection takes the router's scores (fp32
+    """The shape class kernels/native/dispatch.py measures when the native selection takes the router's scores (fp32
     [T, E] like x), else None."""
     if not moe_gating_native.takes_shape(x):
         return None

@@ -1,5 +1,5 @@
 """Native router selection for `ascend_dsa::moe_gating_top_k` at decode (kernels/native/moe_gating.c, built at
-first use by kernels/native.py).
+first use by kernels/native/loader.py).
 
 For a few tokens the torch path is ~15 small tensor operations (group scores, group top-k, mask, top-k, gather,
 renormalisation), ~90 us a call and 2-3x that between a decode step's memory-bound layers; the C selection
@@ -35,7 +35,7 @@ def takes_shape(x: torch.Tensor) -> bool:
 
 def planned(norm: Tensor, k: int, k_group: int, group_count: int, group_select_mode: int, renorm: bool, eps: float,
             scale: float) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor] | None] | None:
-    """The native selection for scores of norm's signature (kernels/call_plans keeps it per signature): a plan
+    """The native selection for scores of norm's signature (kernels/native/call_plans keeps it per signature): a plan
     returning (y fp32 [T, k], expert_idx int32 [T, k]) from the normalised scores norm fp32 [T, E] and the bias,
     with the router's options and sizes fixed and the bias converted to contiguous fp32 only where it is not; None
     when the kernel does not take such scores (module docstring)."""

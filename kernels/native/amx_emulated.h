@@ -1,6 +1,6 @@
 /* The AMX tile instructions the amx_bf16 kernels use, in plain C, so that this level's code can be tested (and run
  * under the sanitizers) on a CPU without AMX: a build with -DASCEND_DSA_AMX_EMULATED instead of -mamx-tile
- * -mamx-bf16 (kernels/cpu_isa.py, ASCEND_DSA_AMX_EMULATED=1). Slow; for correctness only, never for speed.
+ * -mamx-bf16 (kernels/native/cpu_isa.py, ASCEND_DSA_AMX_EMULATED=1). Slow; for correctness only, never for speed.
  *
  * Each thread has eight tiles and a configuration of its own, as on the hardware, following the Intel SDM: a load
  * fills a tile's configured rows x bytes from memory and zeroes the rest; a store writes the configured rows x

@@ -1,5 +1,5 @@
 /* AMX tile configuration shared by the kernels of the amx_bf16 level (built with -mamx-tile -mamx-bf16; the
- * process asked the OS for the tile state first: kernels/cpu_isa.py). Every tile is 16 rows of 64 bytes: a bf16
+ * process asked the OS for the tile state first: kernels/native/cpu_isa.py). Every tile is 16 rows of 64 bytes: a bf16
  * A tile is 16 rows x 32 values, a B tile 16 pairs of rows x 16 columns (VNNI pairs), a C tile 16 x 16 fp32. The
  * configuration is per thread: a kernel loads it before its first tile instruction on a thread and releases the
  * tiles when done (so that the OS need not save them). Built with -DASCEND_DSA_AMX_EMULATED instead, the tile

@@ -1,4 +1,4 @@
-/* AttnRes over depth for a few rows (decode) for kernels/attn_res.py; kernels/native.py builds and loads this file.
+/* AttnRes over depth for a few rows (decode) for kernels/attn_res.py; kernels/native/loader.py builds and loads this file.
  * Plain C, no torch headers, one thread (a decode step has one row of a few blocks).
  *
  * For every row r (of `rows`), the values v_0..v_{n-1} = blocks[i][r] and, when given, v_n = partial[r]

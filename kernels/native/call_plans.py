@@ -1,7 +1,7 @@
 """Per-signature call plans: what a fused op's call of one signature runs, decided once.
 
 A fused op's CPU path makes decisions at every call that depend only on the call's signature (shapes, strides,
-dtypes, options) and the native settings: which path applies, which implementation kernels/dispatch.py measured
+dtypes, options) and the native settings: which path applies, which implementation kernels/native/dispatch.py measured
 faster for the shape class, and the sizes, strides and output shapes the native entry takes. A decode step
 repeats a few signatures dozens of times, and at decode sizes those decisions cost more than the math (the
 tiny DeepSeek-V3.2's rms_norm: ~15 Python and torch calls of set-up around a 64-value kernel).

@@ -1,4 +1,4 @@
-/* Mask to sequence lengths for ascend_dsa::causal_lengths (kernels/causal_lengths.py); kernels/native.py builds and
+/* Mask to sequence lengths for ascend_dsa::causal_lengths (kernels/indexer/causal_lengths.py); kernels/native/loader.py builds and
  * loads this file. Plain C, no torch headers, one thread (a decode mask is one row of the cache's length).
  *
  * mask [B][S1][S2] with element strides sb, sq, sk: bool (kind 0, true = visible) or fp32 additive (kind 1: 0 =

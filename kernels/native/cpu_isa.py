@@ -1,7 +1,7 @@
 """Which x86 instruction-set level the native kernels run at: detection, and forcing a lower level.
 
 The native kernels (kernels/native/*.c) are built once per level, each with its own compiler flags, and the
-library of the active level is loaded (kernels/native.py). Like oneDNN (`ONEDNN_MAX_CPU_ISA`) and PyTorch
+library of the active level is loaded (kernels/native/loader.py). Like oneDNN (`ONEDNN_MAX_CPU_ISA`) and PyTorch
 (`ATEN_CPU_CAPABILITY`), the level is detected at run time and can be forced lower with
 ASCEND_DSA_CPU_ISA=generic|avx2|avx512|avx512_bf16|amx_bf16, so that every level's code is built, tested and
 benchmarked on any machine that can execute it. A level the CPU lacks, or a name that is not a level, is a

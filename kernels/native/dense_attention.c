@@ -1,5 +1,5 @@
-/* Dense softmax attention on CPU for small head dims (kernels/dense_attention.py binds the compiled graphs'
- * aten._scaled_dot_product_flash_attention_for_cpu calls to it); kernels/native.py builds and loads this file.
+/* Dense softmax attention on CPU for small head dims (kernels/aten/dense_attention.py binds the compiled graphs'
+ * aten._scaled_dot_product_flash_attention_for_cpu calls to it); kernels/native/loader.py builds and loads this file.
  * Plain C (GCC vector extensions), no torch headers.
  *
  *   out[b,h,i] = sum_j softmax_j(scale * q[b,h,i] . k[b,g,j]) v[b,g,j],   lse[b,h,i] = log sum_j exp(...)

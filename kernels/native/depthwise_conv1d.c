@@ -1,5 +1,5 @@
 /* Depthwise 1-D convolution (stride 1, dilation 1, one filter per channel), fp32, for
- * kernels/depthwise_conv1d.py; kernels/native.py builds and loads this file. Plain C (GCC vector extensions),
+ * kernels/aten/depthwise_conv1d.py; kernels/native/loader.py builds and loads this file. Plain C (GCC vector extensions),
  * no torch headers.
  *
  *   out[b][c][t] = bias[c] + sum_k w[c][k] * x[b][c][t + k - pad]     (x is zero outside [0, T))

@@ -6,7 +6,7 @@ class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) time
 inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget: a call of a few
 microseconds gets ~100 rounds in ENOUGH_S, so its minimum survives bursts of other work), keeps the faster
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
-folder (kernels/native_trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
+folder (kernels/native/trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
 the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
 caches its choices). Every later call of the class is a dictionary lookup. A first measurement whose two
 paths lie within CLOSE of each other is only provisional: it serves the class for REMEASURE_S, then the class is
@@ -19,7 +19,7 @@ the mode, and was kept. A user's mode (a flop counter) does not count the measur
 
 ASCEND_DSA_NATIVE selects the mode, read at every call: `auto` (the default) measures; `1` takes the native
 kernel wherever it applies (tests and the kernel benchmarks use it to exercise the native code); `0` never
-loads a native kernel (kernels/native.py).
+loads a native kernel (kernels/native/loader.py).
 """
 from __future__ import annotations
 
@@ -253,8 +253,8 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
 
 def known(op: str, cls: tuple) -> str | None:
     """What `run` takes for this class now without measuring, "native" or "torch" (a provisional choice until it
-    expires: kernels/call_plans forgets its plans then); None until it has run once for the class in this process
-    (kernels/call_plans stores a plan only then)."""
+    expires: kernels/native/call_plans forgets its plans then); None until it has run once for the class in this process
+    (kernels/native/call_plans stores a plan only then)."""
     if mode() == "force":
         return "native"
     slot = _slot(op, cpu_isa.active(), cls)

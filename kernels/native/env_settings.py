@@ -32,7 +32,7 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def token() -> tuple[str | None, ...]:
-    """The values of NAMES as `get` reads them, as one hashable value (kernels/call_plans keys plans by it)."""
+    """The values of NAMES as `get` reads them, as one hashable value (kernels/native/call_plans keys plans by it)."""
     values = _THREAD.token
     return tuple(map(os.environ.get, NAMES)) if values is None else values
 

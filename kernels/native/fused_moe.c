@@ -1,6 +1,6 @@
 /* Routed SwiGLU experts token by token (a decode token, a short prefill) for ascend_dsa::fused_moe
- * (kernels/fused_moe_native.py);
- * kernels/native.py builds and loads this file. Plain C, no torch headers.
+ * (kernels/moe/fused_moe_native.py);
+ * kernels/native/loader.py builds and loads this file. Plain C, no torch headers.
  *
  * For the token x [H] (fp32) and its k experts ids[j] with routing weights rw[j], taken in the order of their
  * ids (equal ids in the order given: the order the torch path sums them):

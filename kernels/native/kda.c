@@ -1,4 +1,4 @@
-/* The KDA recurrence on CPU for ascend_dsa::chunk_kda (kernels/chunk_kda_native.py); kernels/native.py builds and
+/* The KDA recurrence on CPU for ascend_dsa::chunk_kda (kernels/kda/native.py); kernels/native/loader.py builds and
  * loads this file. Plain C (GCC vector extensions), no torch headers.
  *
  * Per batch row b, head h and step t, with the state S [K][V] (fp32) and e_t = exp(g_t):
@@ -268,7 +268,7 @@ static int decays(const float *g, int64_t n, float floor_exponent, float *e) {
     return growing;
 }
 
-/* The op's native call (kernels/chunk_kda_native.py): g [B][T][H][K] is the log decay as the op takes it (checked:
+/* The op's native call (kernels/kda/native.py): g [B][T][H][K] is the log decay as the op takes it (checked:
  * a g > 0 returns KDA_GROWING_DECAY before anything is written; floored at floor_exponent), the state starts from
  * initial [B][H][K][V] (NULL: zeros; never written) in the caller's buffer `state`, then kda_recurrence_states.
  * Returns 0, KDA_GROWING_DECAY, or -1 when a buffer could not be allocated. */

@@ -1,5 +1,5 @@
-/* Lightning indexer scores on CPU for ascend_dsa::lightning_indexer (kernels/lightning_indexer_native.py);
- * kernels/native.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
+/* Lightning indexer scores on CPU for ascend_dsa::lightning_indexer (kernels/indexer/native.py);
+ * kernels/native/loader.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
  *
  * For one query token (H heads of dim D) and the keys s = 0 .. n-1 of one batch row:
  *   score[s] = sum_h w[h] * relu(q[h] . key[s])                                  (fp32 accumulation)
@@ -615,7 +615,7 @@ int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_s
     return failed ? -1 : 0;
 }
 
-/* What a plan (kernels/lightning_indexer_native.py) fixes for every call of one signature. Strides in elements:
+/* What a plan (kernels/indexer/native.py) fixes for every call of one signature. Strides in elements:
  * q [B][S1][heads][dim] rows of `heads * dim` values (q_dtype), weights fp32, keys BSND (key_batch given per call:
  * the cache grows) or a paged cache [num_blocks][block_size][1][dim] (block_stride values between blocks) through an
  * int32 block table [B][table_row];
@@ -634,7 +634,7 @@ static int64_t length_at(const void *lengths, int is64, int64_t b, int64_t other
     return is64 ? ((const int64_t *)lengths)[b] : ((const int32_t *)lengths)[b];
 }
 
-/* The data checks of a call (kernels/indexer_checks.sequence_lengths): lengths within [0, S1] and [0, capacity],
+/* The data checks of a call (kernels/indexer/checks.sequence_lengths): lengths within [0, S1] and [0, capacity],
  * the used block-table entries within [0, num_blocks); lq and lk get the lengths. */
 static int li_check_call(const struct li_call_args *a, const int32_t *table, const void *lq_len, const void *lk_len,
                          int64_t capacity, int64_t *lq, int64_t *lk) {
@@ -744,7 +744,7 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
 /* The scores of the rows li_call flagged in tie [batch][s1] (its arguments again), into matrix [tied rows][capacity]
  * in row order, the row's position b * s1 + t into rows [tied rows]: keys the row sees scored, the rest -inf, as the
  * masked score matrix of an eager model holds them. The caller keeps k of each row with torch.topk, whose choice
- * among equal scores depends on the row's length (kernels/lightning_indexer_native._settle_ties), and li_place_rows
+ * among equal scores depends on the row's length (kernels/indexer/native._settle_ties), and li_place_rows
  * puts them in the outputs. matrix and rows have room for batch * s1 rows. Returns the number of rows, or minus one
  * of li_call's codes. */
 int64_t li_tied_scores(const struct li_call_args *a, const void *q, const float *w, const void *key,

@@ -1,8 +1,8 @@
 """Native CPU kernels: the plain C sources in kernels/native/ (no torch headers), compiled at first use with the
 system C compiler and loaded with ctypes; callers pass tensor.data_ptr() pointers to the functions
-kernels/native_prototypes.py types from their C declarations (no hand-written argtypes).
+kernels/native/prototypes.py types from their C declarations (no hand-written argtypes).
 
-`load(name)` builds kernels/native/<name>.c for the active instruction-set level (kernels/cpu_isa.py: detected,
+`load(name)` builds kernels/native/<name>.c for the active instruction-set level (kernels/native/cpu_isa.py: detected,
 or forced lower with ASCEND_DSA_CPU_ISA) once per machine and process; `native_entry` binds a compiled graph's
 ATen calls to a kernel module's native-or-ATen function. Every level has its own flags (LEVEL_FLAGS) and so its
 own library: the sources size their vectors and register tiles from the level (kernels/native/simd.h), as
@@ -21,7 +21,7 @@ There is one fallback: when no compiler is found, the build fails or the library
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
 keep their torch path; a failed build (with the compiler's error) and a missing compiler are each reported by
 one NativeLibraryWarning. A build shows progress on stderr (npu_graph.observe.progress).
-Where both exist, kernels/dispatch.py decides per shape class which one runs.
+Where both exist, kernels/native/dispatch.py decides per shape class which one runs.
 """
 import contextlib
 import ctypes
@@ -50,7 +50,7 @@ SOURCE_DIR = Path(__file__).parent     # the C sources sit beside this package's
 # The dtype codes every kernel's `dtype` argument takes (the C sources' enum F32, BF16, F16).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-# Flags per instruction-set level (kernels/cpu_isa.py). x86-64-v3 is AVX2 + FMA + F16C + BMI; x86-64-v4 adds
+# Flags per instruction-set level (kernels/native/cpu_isa.py). x86-64-v3 is AVX2 + FMA + F16C + BMI; x86-64-v4 adds
 # AVX-512 F/BW/CD/DQ/VL, whose 512-bit vectors the compiler then also uses for the loops it vectorises itself.
 _X86_LEVEL_FLAGS = {
     "generic": ("-march=x86-64", "-mtune=generic"),
@@ -60,7 +60,7 @@ _X86_LEVEL_FLAGS = {
     "amx_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic",
                  "-mprefer-vector-width=512"),
 }
-# The amx_bf16 level with its tile instructions emulated in C (kernels/cpu_isa.amx_emulated, for tests).
+# The amx_bf16 level with its tile instructions emulated in C (kernels/native/cpu_isa.amx_emulated, for tests).
 _AMX_EMULATED_FLAGS = (*(flag for flag in _X86_LEVEL_FLAGS["amx_bf16"] if not flag.startswith("-mamx")),
                        "-DASCEND_DSA_AMX_EMULATED")
 BUILD_TIMEOUT_S = 120
@@ -139,7 +139,7 @@ def _build(source: Path, target: Path, cc: str, level: str) -> str | None:
             os.unlink(tmp)
 
 
-# Libraries being built right now in this process (a graph's compile and native_prebuild's thread), each with the
+# Libraries being built right now in this process (a graph's compile and prebuild.py's thread), each with the
 # event its builder sets when done: a second thread needing one waits for that build instead of running another.
 _BUILDING: dict[Path, threading.Event] = {}
 _BUILDING_LOCK = threading.Lock()
@@ -197,7 +197,7 @@ def load(name: str) -> Native:
     if env_settings.get(ENV_SWITCH) == "0":
         return Native(None, f"{ENV_SWITCH}=0 is set")
     if _THREAD.disabled:
-        return Native(None, "the torch path was chosen for this call (kernels/dispatch.py)")
+        return Native(None, "the torch path was chosen for this call (kernels/native/dispatch.py)")
     return _load(name, cpu_isa.active(), env_settings.get(ENV_CFLAGS, ""))
 
 
@@ -215,7 +215,7 @@ def is_disabled() -> bool:
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Inside, `load` returns no library on this thread: the ops take their torch paths (kernels/dispatch.py
+    """Inside, `load` returns no library on this thread: the ops take their torch paths (kernels/native/dispatch.py
     times them against the native ones this way)."""
     before = _THREAD.disabled
     _THREAD.disabled = True

@@ -1,5 +1,5 @@
-/* Router selection for a few tokens (decode) for ascend_dsa::moe_gating_top_k (kernels/moe_gating.py);
- * kernels/native.py builds and loads this file. Plain C, no torch headers, one thread.
+/* Router selection for a few tokens (decode) for ascend_dsa::moe_gating_top_k (kernels/moe/gating.py);
+ * kernels/native/loader.py builds and loads this file. Plain C, no torch headers, one thread.
  *
  * Per row r of norm [rows][E] (the router's normalised scores, fp32, computed by the caller):
  *   score = norm + bias (bias may be NULL)

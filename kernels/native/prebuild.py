@@ -10,10 +10,10 @@ Dynamo traces the first graph and the graph is captured and its passes run. It s
 which libraries its fused ops need (`build_now`, from observe.implementations: those are built two at a time, by
 the compiling thread and a helper, with no guess beside them on a 2-core machine) or once that compile is over,
 whichever comes first, so later work (Inductor's compiles of other graphs) has the cores to itself.
-kernels/native.build_once keeps two threads from building one library twice.
+kernels/native/loader.build_once keeps two threads from building one library twice.
 
 The thread only builds: loading, the checks of a library's build record and every warning stay with
-kernels/native.load. A failed build here is quiet, and so is a folder or level it cannot use; load builds the
+kernels/native/loader.load. A failed build here is quiet, and so is a folder or level it cannot use; load builds the
 library again and reports it. At exit the build under way completes (no half-written file is left). Nothing
 starts when ASCEND_DSA_NATIVE=0 is set or there is no C compiler.
 """

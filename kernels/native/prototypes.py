@@ -99,7 +99,7 @@ def _param(text: str, where: str) -> Param:
         return Param(f"{const}{' '.join(base)} *", ctypes.c_void_p, struct)
     if struct or base[0] not in C_SCALARS:
         raise PrototypeError(f"{where}: `{text.strip()}` is passed by value with a type ctypes is not told about "
-                             f"(add it to C_SCALARS in kernels/native_prototypes.py, or pass a pointer)")
+                             f"(add it to C_SCALARS in kernels/native/prototypes.py, or pass a pointer)")
     return Param(base[0], C_SCALARS[base[0]], None)
 
 

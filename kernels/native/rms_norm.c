@@ -1,4 +1,4 @@
-/* RMSNorm rows for kernels/rms_norm.py; kernels/native.py builds and loads this file. Plain C, no torch headers.
+/* RMSNorm rows for kernels/rowwise/rms_norm.py; kernels/native/loader.py builds and loads this file. Plain C, no torch headers.
  *
  * For each row r of x [rows][n] (fp32, bf16 or fp16; each row contiguous, row r at x + r * x_stride values):
  *   rstd[r] = 1 / sqrt(sum_i x[r][i]^2 / n + eps)          fp32

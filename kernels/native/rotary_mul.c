@@ -1,4 +1,4 @@
-/* RoPE on a few fp32 rows (decode) for ascend_dsa::rotary_mul (kernels/rotary_mul.py); kernels/native.py builds
+/* RoPE on a few fp32 rows (decode) for ascend_dsa::rotary_mul (kernels/rowwise/rotary_mul.py); kernels/native/loader.py builds
  * and loads this file. Plain C, no torch headers, one thread.
  *
  * out = x * c + rot(x) * s over 4-D tensors given by sizes and element strides (c and s broadcast: stride 0),

@@ -1,5 +1,5 @@
-/* Vectors of the instruction-set level a kernel is built for (kernels/native.py builds every kernel once per level
- * with that level's flags; kernels/cpu_isa.py picks the level at run time). Kernels write their loops on `vf`
+/* Vectors of the instruction-set level a kernel is built for (kernels/native/loader.py builds every kernel once per level
+ * with that level's flags; kernels/native/cpu_isa.py picks the level at run time). Kernels write their loops on `vf`
  * (VL fp32 lanes, GCC vector extensions) and size their register tiles from NREG, so the same source gives
  * 16-lane AVX-512 code, 8-lane AVX2 code and 4-lane SSE2 / NEON code, each with tiles that fit its registers.
  *

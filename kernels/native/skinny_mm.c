@@ -1,5 +1,5 @@
-/* y = x @ w and y = x @ w^T for a few rows of x (decode-sized linear layers), fp32, for kernels/skinny_mm.py;
- * kernels/native.py builds and loads this file. Plain C, no torch headers.
+/* y = x @ w and y = x @ w^T for a few rows of x (decode-sized linear layers), fp32, for kernels/aten/skinny_mm.py;
+ * kernels/native/loader.py builds and loads this file. Plain C, no torch headers.
  *
  * sm_mm: x [M][K] (row stride ldx), w [K][N] (row stride ldw, rows contiguous), y [M][N] contiguous. At decode a
  * linear layer reads its whole weight matrix for one row of x, so its time is the time to stream w from

@@ -1,5 +1,5 @@
-/* Sparse flash attention on CPU for ascend_dsa::sparse_flash_attention (kernels/sparse_flash_attention.py);
- * kernels/native.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
+/* Sparse flash attention on CPU for ascend_dsa::sparse_flash_attention (kernels/sparse_attention/sparse_flash_attention.py);
+ * kernels/native/loader.py builds and loads this file. Plain C (GCC vector extensions), no torch headers.
  *
  * For every query token t of one batch row: over the KV rows its sparse_indices select (struct selection),
  *   logit[r] = scale_value * (q[t,h] . kv[r] + q_rope[t,h] . rope[r])
@@ -742,7 +742,7 @@ int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64
     return attend_tokens(&sh, &src, &sel, q, q_rope, threads, out, smax, ssum);
 }
 
-/* What a plan (kernels/sfa_plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
+/* What a plan (kernels/sparse_attention/plan.py) fixes for every call of one signature: sizes, strides in elements, dtypes.
  * q and q_rope (of q_dtype: F32, BF16 or F16, both) have each batch's rows contiguous, and the output is of
  * q_dtype too (bf16 ones ask sfa_attend for its bf16 dot products); sparse_indices [B][S1][1][K], the lengths [B]
  * and the block table [B][table_row] are int32 or int64 (the *64 flags). */
@@ -755,7 +755,7 @@ struct sfa_call_args {
 enum { SFA_OK = 0, SFA_NO_MEMORY = 1, SFA_BAD_QUERY_LENGTH = 2, SFA_BAD_KV_LENGTH = 3, SFA_BAD_INDEX = 4,
        SFA_BAD_BLOCK_TABLE = 5, SFA_PADDED_BLOCKS = 6 };
 
-/* The data checks of a call (kernels/sfa_checks.check_data, indexer_checks.sequence_lengths): each batch's
+/* The data checks of a call (kernels/sparse_attention/checks.check_data, kernels/indexer/checks.sequence_lengths): each batch's
  * lengths within [0, S1] and [0, capacity], the block-table entries of its used blocks within [0, num_blocks),
  * every index entry >= -1. The lengths go to lq and lkv. */
 static int check_call(const struct sfa_call_args *a, const char *idx, const char *table, const char *lq_len,
@@ -788,7 +788,7 @@ static const float *query_f32(const void *x, int dtype, int64_t offset, int64_t 
  * a batch's query length get out 0, smax -inf, ssum 0 (the outputs need no filling before). q and q_rope are
  * read and out is written as a->q_dtype (16-bit queries widened to fp32 here, a batch at a time; a 16-bit output
  * rounded to nearest even from the fp32 result). starts (int32 or int64 [B], starts64; or NULL): each batch's key
- * start, entries below it skipped (kernels/key_windows.py; only with block 1, else SFA_PADDED_BLOCKS for a start
+ * start, entries below it skipped (kernels/indexer/key_windows.py; only with block 1, else SFA_PADDED_BLOCKS for a start
  * > 0, which the caller refuses). capacity: positions of the KV (rows of a BSND cache, blocks x block size of a
  * paged one); kv_batch, value_batch, rope_batch: elements between batches (0 when paged). Returns SFA_OK or the
  * first failed check's code (SFA_NO_MEMORY: the scratch memory could not be allocated, the outputs of some batch

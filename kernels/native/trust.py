@@ -1,4 +1,4 @@
-"""Which built native libraries kernels/native.py loads: only its own (npu_graph/cache/trust.py's rules).
+"""Which built native libraries kernels/native/loader.py loads: only its own (npu_graph/cache/trust.py's rules).
 
 The build folder must be a private folder of this user (0700 when created; refused when another user owns it or
 group / others can write it). Each library is built next to a record `<library>.record` holding the SHA-256 of

@@ -17,8 +17,8 @@ The scale has the shape of `x` with the `axis` dimension divided by `block_size`
 `torch.float8_e8m0fnu`). The NPU op stores the same bytes with pairs of neighbouring scales interleaved in
 an extra trailing dimension of 2; the NPU target reshapes, the values are the same.
 
-This module also holds the fp8 decoding shared with `block_quant`: an exact fp8 -> fp32 conversion by bit
-operations, several times faster on CPU than `Tensor.float()` on an fp8 tensor.
+This module also holds the fp8 decoding shared with `block` (kernels/quant/block.py): an exact fp8 -> fp32 conversion by
+bit operations, several times faster on CPU than `Tensor.float()` on an fp8 tensor.
 """
 import math
 

@@ -14,7 +14,7 @@ without changing numbers beyond rms_norm's own tolerance. gamma may be x's dtype
 
 The CPU implementation is the native kernel (kernels/native/rms_norm.c: one pass for the sum of squares and
 one for the output per row, rows split over threads for large inputs; add_rms_norm's sum formed and normalized
-in the same pass) where kernels/dispatch.py measured it faster for the shape class, else torch: inputs of at
+in the same pass) where kernels/native/dispatch.py measured it faster for the shape class, else torch: inputs of at
 most FEW_ROWS_ELEMS values (decode rows) as the plain expression, larger ones in blocks of rows small enough to
 stay in cache, so the fp32 copy of a bf16/fp16 input and the products exist one block at a time. Measured on an
 AMD EPYC (Zen 4, 2 cores), fp32: a decode row ~22 -> ~6 us; a 512 x 64 prefill block 59 -> ~8 us.
@@ -188,7 +188,7 @@ def _add_then(norm: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple
 
 
 def native_class(x: Tensor, gamma: Tensor, *args: object, **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for rows the native kernel reads, else None."""
+    """The shape class kernels/native/dispatch.py measures for rows the native kernel reads, else None."""
     if _native_kernels(x) is None or _row_stride(x, gamma.dim()) is None:
         return None
     return _shape_class(x, gamma)
@@ -206,7 +206,7 @@ def _shape_class(x: Tensor, gamma: Tensor) -> tuple:
 
 
 def _signature(x: Tensor, gamma: Tensor) -> tuple:
-    """Everything a call's path is decided from (kernels/call_plans)."""
+    """Everything a call's path is decided from (kernels/native/call_plans)."""
     return x.shape, x.stride(), x.dtype, x.is_cpu, gamma.shape, gamma.stride(), gamma.dtype
 
 
@@ -216,7 +216,7 @@ _ADD_PLANS = call_plans.Plans("add_rms_norm")
 
 def _planned(op: str, plans: call_plans.Plans, signature: tuple, cls: tuple | None, native_plan: Callable | None,
              torch_plan: Callable, args: tuple) -> tuple[Tensor, ...]:
-    """The native plan or the torch one, whichever kernels/dispatch.py measured faster for the shape class (the
+    """The native plan or the torch one, whichever kernels/native/dispatch.py measured faster for the shape class (the
     torch one where there is no native plan); stores the plan of the choice for `signature`."""
     if native_plan is None:
         plans.put(signature, torch_plan)

@@ -145,8 +145,8 @@ def rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half")
 
 
 def _first_call(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str, signature: tuple) -> Tensor:
-    """The native kernel or the torch path, measured (kernels/dispatch.py) where the kernel takes the call; stores
-    the plan of the choice for `signature` (kernels/call_plans)."""
+    """The native kernel or the torch path, measured (kernels/native/dispatch.py) where the kernel takes the call;
+    stores the plan of the choice for `signature` (kernels/native/call_plans)."""
     def run() -> Tensor:
         return _rotary_mul_cpu(input, r1, r2, rotary_mode)
 
@@ -163,7 +163,7 @@ def _first_call(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str, signatu
 
 
 def native_class(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a call the native kernel takes (a few fp32 CPU rows),
+    """The shape class kernels/native/dispatch.py measures for a call the native kernel takes (a few fp32 CPU rows),
     else None."""
     few_fp32 = input.numel() <= FEW_ELEMS and all(t.dtype == torch.float32 and t.is_cpu for t in (input, r1, r2))
     if not few_fp32 or not native.load(NATIVE_SOURCE):

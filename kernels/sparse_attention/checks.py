@@ -1,5 +1,5 @@
-"""Argument checks of `ascend_dsa::sparse_flash_attention` (kernels/sparse_flash_attention.py): ranks, shapes,
-dtypes and options (nothing that reads tensor data, so the fake runs them too), and the one check on the data,
+"""Argument checks of `ascend_dsa::sparse_flash_attention` (kernels/sparse_attention/sparse_flash_attention.py): ranks,
+shapes, dtypes and options (nothing that reads tensor data, so the fake runs them too), and the one check on the data,
 that sparse_indices holds no entry below -1."""
 import torch
 from torch import Tensor

@@ -1,6 +1,6 @@
 """The native path of `ascend_dsa::sparse_flash_attention` (kernels/native/sparse_attention.c, built at first use
-by kernels/native.py): taken whenever it loads and the KV rows are float (fp32, bf16, fp16) with unit stride along
-D. One call per batch covers all its query tokens: the kernel reads sparse_indices (and the block table) itself,
+by kernels/native/loader.py): taken whenever it loads and the KV rows are float (fp32, bf16, fp16) with unit stride
+along D. One call per batch covers all its query tokens: the kernel reads sparse_indices (and the block table) itself,
 reads each selected row once, and folds a chunk of rows at a time into an online softmax for all heads (fp32; with
 bf16 query, KV and output on an AVX512-BF16 CPU, bf16 dot products with fp32 sums: the logits are exact products,
 and the probabilities are rounded to bf16 once for the weighted sum, as in the torch path). Tokens go one per
@@ -38,7 +38,8 @@ def reads_f16() -> bool:
 
 
 def call_entry() -> ctypes._CFuncPtr:
-    """sfa_call, the whole-call entry the plans use (kernels/sfa_plan.py), of the library native_kernel loaded."""
+    """sfa_call, the whole-call entry the plans use (kernels/sparse_attention/plan.py), of the library native_kernel
+    loaded."""
     return _typed_call(native.load(NATIVE_SOURCE).lib)
 
 

@@ -1,7 +1,7 @@
-"""Per-signature plans of `ascend_dsa::sparse_flash_attention` (kernels/call_plans).
+"""Per-signature plans of `ascend_dsa::sparse_flash_attention` (kernels/native/call_plans).
 
-The op's CPU path decides at every call which implementation runs (kernels/dispatch.py), whether the native kernel
-reads the KV tensors, and then for each batch takes views of the query, keys, indices and outputs only to read
+The op's CPU path decides at every call which implementation runs (kernels/native/dispatch.py), whether the native
+kernel reads the KV tensors, and then for each batch takes views of the query, keys, indices and outputs only to read
 their addresses; a decode call (one query token, a few selected rows) spent ~0.1 ms on that and ~5 us in the
 kernel. A plan keeps those decisions for one signature (shapes, strides, dtypes, options). The native plan takes
 fp32, bf16 and fp16 queries as stored (copied first when their rows do not lie one after another; the kernel

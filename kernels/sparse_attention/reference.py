@@ -1,5 +1,6 @@
 """The readable definition of `ascend_dsa::sparse_flash_attention`, one query token at a time in fp32: the
-reference the fast paths are tested against (kernels/sparse_flash_attention.py has the op's contract)."""
+reference the fast paths are tested against (kernels/sparse_attention/sparse_flash_attention.py has the op's
+contract)."""
 import torch
 from torch import Tensor
 

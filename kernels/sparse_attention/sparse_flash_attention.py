@@ -31,9 +31,10 @@ counts twice, as on the NPU.
 fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape [..., Dl/128]: each tile of
 128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
 
-Fast CPU path: the native kernel (kernels/sfa_native.py) whenever it loads and reads the KV rows; otherwise scaled
-fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
-(kernels/sfa_torch.py). The checks are in kernels/sfa_checks.py, the readable definition in kernels/sfa_reference.py.
+Fast CPU path: the native kernel (kernels/sparse_attention/native.py) whenever it loads and reads the KV rows; otherwise
+scaled fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
+(kernels/sparse_attention/torch_path.py). The checks are in kernels/sparse_attention/checks.py, the readable definition
+in kernels/sparse_attention/reference.py.
 """
 import functools
 
@@ -91,9 +92,9 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            value_scale: Tensor | None = None, key_starts: Tensor | None = None, *,
                            sparse_block_size: int = 1, layout_query: str = "BSND", layout_kv: str = "BSND",
                            sparse_mode: int = 3, return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Attention over the selected KV rows; see the module docstring (and kernels/key_windows.py for
+    """Attention over the selected KV rows; see the module docstring (and kernels/indexer/key_windows.py for
     `key_starts`). Returns (attention_out [B,S1,N1,Dl] in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum
-    fp32 [B,S1,N1]). The path is decided once per signature (kernels/sfa_plan.py)."""
+    fp32 [B,S1,N1]). The path is decided once per signature (kernels/sparse_attention/plan.py)."""
     if static_checks_needed():
         check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
@@ -127,7 +128,7 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
 
 def _first_call(args: tuple, signature: tuple, sparse_block_size: int, sparse_mode: int
                 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The full path: the native kernel or the torch path as kernels/dispatch.py measured for the class; stores
+    """The full path: the native kernel or the torch path as kernels/native/dispatch.py measured for the class; stores
     the plan of the choice for `signature`."""
     full = functools.partial(_full_path, sparse_block_size=sparse_block_size, sparse_mode=sparse_mode)
     query, key, value, sparse_indices, _, block_table, _, _, query_rope, key_rope, *_ = args
@@ -165,7 +166,7 @@ def _full_path(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor
 def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *args: object,
                  query_rope: Tensor | None = None, key_rope: Tensor | None = None, sparse_block_size: int = 1,
                  **kwargs: object) -> tuple | None:
-    """The shape class kernels/dispatch.py measures for a call the native kernel takes, else None."""
+    """The shape class kernels/native/dispatch.py measures for a call the native kernel takes, else None."""
     block_table = args[1] if len(args) > 1 else kwargs.get("block_table")
     if sfa_native.native_kernel(key, value, key_rope, block_table) is None:
         return None

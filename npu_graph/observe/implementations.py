@@ -1,7 +1,7 @@
 """summary.json's `implementations`: for every fused op of a CPU graph, which implementation it runs on this CPU
-(the native kernel at the active instruction-set level, or the torch path) and why, as kernels/dispatch.py decides
-it for the op's shape class at the graph's example sizes: measured already, measured at the first call, forced by
-ASCEND_DSA_NATIVE, or a native kernel that does not take these inputs."""
+(the native kernel at the active instruction-set level, or the torch path) and why, as kernels/native/dispatch.py
+decides it for the op's shape class at the graph's example sizes: measured already, measured at the first call, forced
+by ASCEND_DSA_NATIVE, or a native kernel that does not take these inputs."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,7 +37,7 @@ NATIVE_CLASSES: dict[str, tuple[Callable[..., tuple | None], str]] = {
     "causal_lengths": (causal_lengths.native_class, causal_lengths.NATIVE_SOURCE),
     "fused_moe": (fused_moe.native_class, fused_moe.NATIVE_SOURCE),
 }
-# the name each op records its choices under in kernels/dispatch.py (where it differs from the op's)
+# the name each op records its choices under in kernels/native/dispatch.py (where it differs from the op's)
 _DISPATCH_NAME = {"add_rms_norm": "rms_norm"}
 
 

@@ -5,7 +5,7 @@ implementation (npu_graph.runtime.direct_calls), which skips the dispatcher and 
 dispatcher records. ProfiledCalls puts it back without a per-call cost: the graph's namespace holds the plain
 functions while no profiler runs, and functions that open a `record_function("ascend_dsa::<op>")` scope while
 one does; `sync` (one flag read per graph call) switches between them. Which implementation ran is an event
-inside it, recorded by kernels/dispatch.py: `ascend_dsa::<op>/native[LEVEL]` or `ascend_dsa::<op>/torch`.
+inside it, recorded by kernels/native/dispatch.py: `ascend_dsa::<op>/native[LEVEL]` or `ascend_dsa::<op>/torch`.
 """
 from __future__ import annotations
 

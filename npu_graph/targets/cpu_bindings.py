@@ -3,7 +3,7 @@ and `torch.ops.aten.<op>.<overload>(` calls become calls of plain names, each bo
 assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_mul_Tensor = _bind.aten("mul",
 "Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`); in Inductor's generated module
 (runtime.inductor_glue) also its `extern_kernels.mm(a, b, out=buf)` products, each call site bound on its own
-(`_extern_mm_0 = _bind.extern("mm")`: a site keeps the plan of its last call, kernels/skinny_mm.py).
+(`_extern_mm_0 = _bind.extern("mm")`: a site keeps the plan of its last call, kernels/aten/skinny_mm.py).
 
 The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
 `_bind` is the runtime's binder (npu_graph.runtime.direct_calls): fused ops' Python implementations, ATen callables,

@@ -1,5 +1,5 @@
 """Fixtures for ops with a native kernel. `native_and_torch(source)` makes a `path` fixture: the test runs through
-the native kernel once per instruction-set level this CPU can execute (kernels/cpu_isa.py; skipped where no C
+the native kernel once per instruction-set level this CPU can execute (kernels/native/cpu_isa.py; skipped where no C
 compiler exists, failed where the source does not build) and once through the torch path (ASCEND_DSA_NATIVE=0).
 `isa_level` runs a test once per level; `at_each_level` loops over the levels inside one test (for tests whose
 reference is costly); `refuse` makes a path raise so a test shows that the other one did the work."""
@@ -34,8 +34,8 @@ def native_and_torch(source: str):
 
 
 # What gcc and clang say about a flag they do not know (an older compiler than the CPU, e.g. -mamx-tile before gcc
-# 11), and what kernels/native.py says when the compiler CC names cannot be started: that level cannot be built on
-# this machine at all, which is not the source's fault.
+# 11), and what kernels/native/loader.py says when the compiler CC names cannot be started: that level cannot be built
+# on this machine at all, which is not the source's fault.
 COMPILER_LACKS_LEVEL = ("unrecognized command-line option", "unrecognized command line option", "unknown argument",
                         "could not run the C compiler")
 

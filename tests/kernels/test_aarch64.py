@@ -1,4 +1,4 @@
-"""aarch64: every native source builds with the flags kernels/native.py uses there (the generic level: the
+"""aarch64: every native source builds with the flags kernels/native/loader.py uses there (the generic level: the
 architecture's baseline, NEON), and the indexer's and sparse attention's kernels compute what plain C references
 compute when run under qemu (tests/kernels/aarch64/kernels_check.c). Needs a cross compiler and qemu's user mode
 (Debian: `apt-get install gcc-aarch64-linux-gnu qemu-user`); skipped where they are missing."""

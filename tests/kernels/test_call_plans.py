@@ -1,4 +1,4 @@
-"""kernels/call_plans: a fused op's second call of a signature runs the stored plan and gives the full path's
+"""kernels/native/call_plans: a fused op's second call of a signature runs the stored plan and gives the full path's
 result bit for bit; changing the native settings, a profiler, or dispatch.take_used sends the next call down the
 full path again; checks on data still run on planned calls."""
 import itertools

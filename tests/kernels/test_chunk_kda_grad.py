@@ -1,4 +1,4 @@
-"""ascend_dsa::chunk_kda is differentiable: its gradients (recomputed with kernels/chunk_kda_grad.py's
+"""ascend_dsa::chunk_kda is differentiable: its gradients (recomputed with kernels/kda/grad.py's
 out-of-place chunked form) match autograd through the readable step reference."""
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""kernels/cpu_isa.py and the per-level native builds: detection from CPU flags, ASCEND_DSA_CPU_ISA forcing a lower
-level (a level the CPU lacks or an unknown name is a clear error), one library per level, and every kernel source
+"""kernels/native/cpu_isa.py and the per-level native builds: detection from CPU flags, ASCEND_DSA_CPU_ISA forcing a
+lower level (a level the CPU lacks or an unknown name is a clear error), one library per level, and every kernel source
 compiling at every level (also those this CPU cannot execute, so that an AVX2 machine still checks the AVX-512
 code)."""
 import subprocess

@@ -1,4 +1,4 @@
-"""kernels/dense_attention: the native small-head-dim attention against torch's CPU flash kernel and a float64
+"""kernels/aten/dense_attention: the native small-head-dim attention against torch's CPU flash kernel and a float64
 reference on random inputs (causal and not, more or fewer keys than queries, grouped-query heads, strided
 layouts, v zero-padded past its real head dim, NaN inputs), torch's output layouts, the fallbacks to torch's
 kernel, and the runtime binding of the generated source's flash calls."""

@@ -1,5 +1,5 @@
-"""kernels/depthwise_conv1d: the native depthwise 1-D convolution agrees with aten.convolution within the error bound
-of fp32 sums and returns aten's output strides, for many channel counts, kernel sizes, paddings, lengths, batches
+"""kernels/aten/depthwise_conv1d: the native depthwise 1-D convolution agrees with aten.convolution within the error
+bound of fp32 sums and returns aten's output strides, for many channel counts, kernel sizes, paddings, lengths, batches
 and layouts (contiguous, channels-last, strided views); every other convolution, and every convolution with
 ASCEND_DSA_NATIVE=0, goes to aten unchanged; the runtime binds the generated source's aten.convolution calls."""
 import pytest

@@ -1,4 +1,4 @@
-"""kernels/dispatch.py: the faster path is measured once per shape class and level, remembered in memory and on
+"""kernels/native/dispatch.py: the faster path is measured once per shape class and level, remembered in memory and on
 disk, and taken from then on; ASCEND_DSA_NATIVE=1 forces the native kernels, =0 switches them off; the fused ops
 go through it and give the same results whichever path it picks."""
 import json

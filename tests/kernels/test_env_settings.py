@@ -1,4 +1,4 @@
-"""kernels/env_settings: the native kernels' settings are read at every call outside a compiled graph, and once
+"""kernels/native/env_settings: the native kernels' settings are read at every call outside a compiled graph, and once
 per call of a compiled graph (a change takes effect at the graph's next call)."""
 import torch
 

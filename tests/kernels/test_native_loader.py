@@ -1,4 +1,4 @@
-"""kernels/native.py: build at first use into the cache folder, reuse without rebuilding, one clear fallback
+"""kernels/native/loader.py: build at first use into the cache folder, reuse without rebuilding, one clear fallback
 (switched off, no compiler, failing compiler), and the library sharing torch's OpenMP runtime."""
 import os
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""kernels/native_prebuild.py and native.build_once: libraries built ahead on a thread, a graph's libraries two at a
+"""kernels/native/prebuild.py and native.build_once: libraries built ahead on a thread, a graph's libraries two at a
 time, and never one library built twice by two threads of a process."""
 import threading
 import time

@@ -1,4 +1,4 @@
-"""The ctypes prototypes of the native kernels against their C declarations (kernels/native_prototypes.py).
+"""The ctypes prototypes of the native kernels against their C declarations (kernels/native/prototypes.py).
 
 The C compiler is the judge: every source is compiled together with re-declarations written from the argtypes and
 restype Python sets (`extern int64_t ...` from c_int64, and so on; gcc reports conflicting types on any

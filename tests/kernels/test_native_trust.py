@@ -1,5 +1,5 @@
-"""kernels/native_trust.py through kernels/native.py: a library planted under the expected name, one edited after it
-was built, one whose build record carries another key's tag, or a linked one is refused with one warning and
+"""kernels/native/trust.py through kernels/native/loader.py: a library planted under the expected name, one edited after
+it was built, one whose build record carries another key's tag, or a linked one is refused with one warning and
 rebuilt, and its code never runs; a build folder that others can write or that another user owns is refused and
 the ops keep their torch paths."""
 import os

@@ -1,4 +1,4 @@
-"""kernels/skinny_mm: the native decode-sized products (x @ w and x @ w.T for at most 4 rows of fp32) within the
+"""kernels/aten/skinny_mm: the native decode-sized products (x @ w and x @ w.T for at most 4 rows of fp32) within the
 error bound of fp32 summation of the exact product, on random inputs, odd sizes and strided operands;
 everything else falls back to torch unchanged; the runtime binding of the generated source's aten.mm calls."""
 import pytest
