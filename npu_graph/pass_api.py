@@ -67,20 +67,15 @@ class TargetDescription:
     dsa_key_starts: bool = False
 
 
-def _cpu_description() -> TargetDescription:
-    from npu_graph.targets.description import describe
-
-    return describe("cpu")
-
-
 @dataclass
 class PassContext:
-    """What a pass may read: the config, the target's description (`machine`), whether the graph is
-    inference-only, the dump, and which graph inputs are model parameters (`param_indices`, placeholder
-    positions; their work is hoisted)."""
+    """What a pass may read: the config, the target's description (`machine`: the compiler passes the one
+    npu_graph.targets.description.describe builds; there is no default, a pass context describes one target),
+    whether the graph is inference-only, the dump, and which graph inputs are model parameters (`param_indices`,
+    placeholder positions; their work is hoisted)."""
 
     config: CompilerConfig | None
-    machine: TargetDescription = field(default_factory=_cpu_description)
+    machine: TargetDescription
     inference: bool = True
     fake_mode: Any = None
     dump: GraphDump | None = None

@@ -7,6 +7,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from npu_graph.config import CompilerConfig
 from npu_graph.pass_api import PassContext
 from npu_graph.passes import canonicalize
+from npu_graph.targets.description import describe
+
+CPU = describe("cpu")   # the target description the passes read
 
 aten = torch.ops.aten
 
@@ -14,7 +17,7 @@ aten = torch.ops.aten
 def run_pass(fn, *args, mode="fake"):
     gm = make_fx(fn, tracing_mode=mode)(*args)
     expected = fn(*args)
-    result = canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    result = canonicalize.run(gm, PassContext(config=CompilerConfig(), machine=CPU))
     gm.recompile()
     torch.testing.assert_close(gm(*args), expected)
     return gm, result.stats
@@ -99,7 +102,7 @@ def test_symbolic_shapes_only_removed_when_provably_equal():
 
 def test_nothing_to_do_reports_unchanged():
     gm = make_fx(lambda x: x.relu())(torch.randn(3))
-    result = canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    result = canonicalize.run(gm, PassContext(config=CompilerConfig(), machine=CPU))
     assert not result.changed and result.stats == {}
 
 
@@ -168,7 +171,7 @@ def test_a_reshape_that_copies_a_permuted_tensor_is_kept_for_the_view_after_it()
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     x.meta["val"] = FakeTensorMode().from_tensor(torch.empty(4, 3, 1, 16))
     refresh_meta(gm)
-    canonicalize.run(gm, PassContext(config=CompilerConfig()))
+    canonicalize.run(gm, PassContext(config=CompilerConfig(), machine=CPU))
     gm.recompile()
     real = torch.randn(4, 3, 1, 16)
     torch.testing.assert_close(gm(real), real.permute(1, 0, 2, 3).reshape(3, 4, 1, 16).transpose(1, 2).reshape(3, 64))

@@ -7,6 +7,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from npu_graph.config import CompilerConfig
 from npu_graph.pass_api import PassContext
 from npu_graph.passes import eliminate_common_subexpressions as cse
+from npu_graph.targets.description import describe
+
+CPU = describe("cpu")   # the target description the passes read
 
 aten = torch.ops.aten
 
@@ -14,7 +17,7 @@ aten = torch.ops.aten
 def run_pass(fn, *args, mode="fake"):
     gm = make_fx(fn, tracing_mode=mode)(*[a.clone() for a in args])
     expected = fn(*[a.clone() for a in args])
-    result = cse.run(gm, PassContext(config=CompilerConfig()))
+    result = cse.run(gm, PassContext(config=CompilerConfig(), machine=CPU))
     gm.recompile()
     torch.testing.assert_close(gm(*[a.clone() for a in args]), expected)
     return gm, result.stats
@@ -64,7 +67,7 @@ def test_a_size_read_from_an_unused_result_is_read_earlier():
     output = gm.graph.output_node()
     output.args = ((output.args[0][1],),)          # the softmax itself is not returned
     gm.recompile()
-    stats = cse.run(gm, PassContext(config=CompilerConfig())).stats
+    stats = cse.run(gm, PassContext(config=CompilerConfig(), machine=CPU)).stats
     gm.graph.eliminate_dead_code()
     assert stats["sym_size"] == 1 and count(gm, aten._softmax.default) == 0
     torch.testing.assert_close(gm(k, v)[0], v.reshape(5, -1) + 1)
@@ -98,7 +101,7 @@ def test_buffers_filled_in_place_stay_separate():
 
 def test_random_ops_and_different_constants_are_not_merged():
     gm = make_fx(lambda x: (x + torch.rand(3), x + torch.rand(3), x * 2, x * 3))(torch.rand(3))
-    assert not cse.run(gm, PassContext(config=CompilerConfig())).stats
+    assert not cse.run(gm, PassContext(config=CompilerConfig(), machine=CPU)).stats
     assert count(gm, aten.rand.default) == 2
 
 
@@ -126,7 +129,7 @@ def test_tuple_items_written_in_place_keep_their_producers_apart():
 
 def test_returned_tensors_stay_distinct():
     gm = make_fx(lambda x: (torch.zeros(4), torch.zeros(4), x + 1))(torch.rand(3))
-    cse.run(gm, PassContext(config=CompilerConfig()))
+    cse.run(gm, PassContext(config=CompilerConfig(), machine=CPU))
     gm.recompile()
     a, b, _ = gm(torch.rand(3))
     assert count(gm, aten.zeros.default) == 2 and a.data_ptr() != b.data_ptr()
