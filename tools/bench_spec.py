@@ -53,10 +53,10 @@ def load_model() -> tuple[HybridLM, str]:
     """(the trained stdlib-mtp checkpoint: the stdlib model with its MTP head trained with it, what it is); trained
     first when absent (`ascend-dsa train --config stdlib-mtp`)."""
     from npu_graph.training import checkpoint
-    from npu_graph.training.loop import trained_model
+    from npu_graph.training.loop import default_dir, trained_model
 
     model = trained_model(CONFIG, 0)
-    record = checkpoint.load_record(checkpoint.default_dir(CONFIG, 0))
+    record = checkpoint.load_record(default_dir(CONFIG, 0))
     return model, (f"trained {CONFIG} checkpoint ({record['steps']} steps, {record['seconds']:.0f} s; held-out "
                    f"{record['heldout_bits_per_byte']:.2f} bits/byte, MTP head's top-1 of the byte two ahead "
                    f"{record['heldout_mtp_top1']:.2f})")

@@ -85,9 +85,9 @@ class HybridLM(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike) -> HybridLM:
         """The model saved at `path` by npu_graph.training (config.json + model.safetensors), in eval mode;
         a missing or damaged checkpoint raises CheckpointError naming the file and what to do."""
-        from npu_graph.training.checkpoint import load_model
+        from npu_graph.training import checkpoint
 
-        return load_model(path)
+        return checkpoint.load(path, cls)
 
     def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
         """An empty cache for `batch_size` sequences of up to `config.max_context` tokens."""

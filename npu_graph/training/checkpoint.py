@@ -12,13 +12,16 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import safetensors.torch
 import torch
 
-from npu_graph.models.hybrid import HybridConfig, HybridLM
+from npu_graph.models.config import HybridConfig
+
+Model = TypeVar("Model", bound=torch.nn.Module)
 
 WEIGHTS, CONFIG, RECORD = "model.safetensors", "config.json", "training.json"
 
@@ -27,14 +30,7 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete or does not fit the model."""
 
 
-def default_dir(config_name: str, seed: int) -> Path:
-    """Where `ascend-dsa train` keeps a checkpoint: under the compile cache's root (ASCEND_DSA_CACHE_DIR)."""
-    from npu_graph.cache.disk_store import default_root
-
-    return Path(default_root()) / "checkpoints" / f"{config_name}-seed{seed}"
-
-
-def save(model: HybridLM, record: dict[str, Any], path: str | os.PathLike) -> Path:
+def save(model: torch.nn.Module, record: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write the checkpoint folder `path` atomically (replacing an older one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,8 +63,8 @@ def load_record(path: str | os.PathLike) -> dict[str, Any]:
     return _read_json(Path(path) / RECORD)
 
 
-def load_model(path: str | os.PathLike) -> HybridLM:
-    """The checkpoint's model in eval mode (module docstring)."""
+def load(path: str | os.PathLike, build: Callable[[HybridConfig], Model]) -> Model:
+    """The checkpoint's model, `build(config)` with the checkpoint's weights, in eval mode (module docstring)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"there is no checkpoint at {path}; train one with `ascend-dsa train --out {path}`")
@@ -82,7 +78,7 @@ def load_model(path: str | os.PathLike) -> HybridLM:
         raise CheckpointError(f"{path} is not a complete checkpoint: {WEIGHTS} is missing; train again") from None
     except Exception as e:  # safetensors raises its own error types for damaged files
         raise CheckpointError(f"{path / WEIGHTS} is damaged ({e}); delete the folder and train again") from None
-    model = HybridLM(config)
+    model = build(config)
     _check_weights(model.state_dict(), weights, path / WEIGHTS)
     model.load_state_dict(weights)
     return model.eval()

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from npu_graph.cache.disk_store import default_root
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM, aux_losses
 from npu_graph.models.mtp import mtp_block_config
@@ -141,7 +142,7 @@ def _step(model: HybridLM, optimizer: torch.optim.Optimizer, windows: torch.Tens
 
 def train(settings: TrainSettings, out: str | Path | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Run training (module docstring); returns the record saved with the checkpoint, plus `path`."""
-    out = Path(out) if out is not None else checkpoint.default_dir(settings.config, settings.seed)
+    out = Path(out) if out is not None else default_dir(settings.config, settings.seed)
     text = corpus.load_corpus(max_train_bytes=settings.max_train_bytes)
     torch.manual_seed(settings.seed)
     model = HybridLM(HybridConfig.named(settings.config)).train()
@@ -187,9 +188,14 @@ def _keep_going(settings: TrainSettings, step: int, elapsed: float, budget_s: fl
     return elapsed < budget_s
 
 
+def default_dir(config_name: str, seed: int) -> Path:
+    """Where `ascend-dsa train` keeps a checkpoint: under the compile cache's root (ASCEND_DSA_CACHE_DIR)."""
+    return Path(default_root()) / "checkpoints" / f"{config_name}-seed{seed}"
+
+
 def checkpoint_paths(config: str, seed: int, quick: bool) -> list[Path]:
     """Where `trained_model` looks, in order: the full checkpoint, and with `quick` the demo's beside it."""
-    full = checkpoint.default_dir(config, seed)
+    full = default_dir(config, seed)
     return [full, full.with_name(full.name + "-quick")] if quick else [full]
 
 

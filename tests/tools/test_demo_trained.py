@@ -7,15 +7,14 @@ import json
 import pytest
 
 from npu_graph.tools import cli
-from npu_graph.training import checkpoint
-from npu_graph.training.loop import TrainSettings, train
+from npu_graph.training.loop import TrainSettings, default_dir, train
 
 
 @pytest.mark.slow
 def test_demo_continues_heldout_prompts_with_the_trained_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_DSA_CACHE_DIR", str(tmp_path / "cache"))
     train(TrainSettings(max_steps=2, batch=2, seq_len=64, eval_windows=2, max_train_bytes=100_000),
-          out=checkpoint.default_dir("stdlib", 0), show_progress=False)
+          out=default_dir("stdlib", 0), show_progress=False)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = cli.main(["demo", "--prompt-len", "96", "--steps", "2", "--json", "--no-cache",
