@@ -52,7 +52,7 @@ class OracleDecoder(Decoder):
 def load_model() -> tuple[HybridLM, str]:
     """(the trained stdlib-mtp checkpoint: the stdlib model with its MTP head trained with it, what it is); trained
     first when absent (`ascend-dsa train --config stdlib-mtp`)."""
-    from npu_graph.training import checkpoint
+    from npu_graph.models import checkpoint
     from npu_graph.training.loop import default_dir, trained_model
 
     model = trained_model(CONFIG, 0)

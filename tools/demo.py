@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 import npu_graph
+from npu_graph.models.checkpoint import CheckpointError
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.observe import progress
 from npu_graph.observe.report import GraphReport
@@ -34,7 +35,6 @@ from npu_graph.tools import demo_text, trained_accuracy
 from npu_graph.tools.html_report import write_html_report
 from npu_graph.training import background
 from npu_graph.training.background import BackgroundTraining
-from npu_graph.training.checkpoint import CheckpointError
 
 PREFILL_ROUNDS = 3  # warm prefills of each model, alternated, for the compiled-vs-eager prefill time
 TRAINED_CONFIG = "stdlib"   # the config the demo runs as a trained checkpoint (npu_graph.training)

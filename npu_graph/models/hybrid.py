@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from npu_graph.models import checkpoint
 from npu_graph.models.attn_res import AttnRes
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.config import CONFIGS, HybridConfig  # noqa: F401  (re-exported: most users import it from here)
@@ -85,8 +86,6 @@ class HybridLM(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike) -> HybridLM:
         """The model saved at `path` by npu_graph.training (config.json + model.safetensors), in eval mode;
         a missing or damaged checkpoint raises CheckpointError naming the file and what to do."""
-        from npu_graph.training import checkpoint
-
         return checkpoint.load(path, cls)
 
     def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:

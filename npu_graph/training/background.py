@@ -16,8 +16,8 @@ from types import TracebackType
 
 import torch
 
+from npu_graph.models import checkpoint
 from npu_graph.models.hybrid import HybridConfig, HybridLM
-from npu_graph.training import checkpoint
 from npu_graph.training.loop import (
     QUICK_BATCH,
     QUICK_MINUTES,

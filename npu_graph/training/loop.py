@@ -16,7 +16,7 @@ evaluated on the held-out windows with the head's top-1 rate two ahead. AdamW, l
 cosine decay over the planned steps (or, when only a time budget is given, over the budget's elapsed
 fraction), gradient norm clipped at 1. With `max_steps` a run is reproducible bit for bit for its seed.
 At the end the model is evaluated on fixed held-out windows (bits per byte) and saved with its record and
-loss curve (npu_graph.training.checkpoint, curve).
+loss curve (npu_graph.models.checkpoint, npu_graph.training.curve).
 """
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from npu_graph.cache.disk_store import default_root
+from npu_graph.models import checkpoint
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.hybrid import HybridConfig, HybridLM, aux_losses
 from npu_graph.models.mtp import mtp_block_config
-from npu_graph.training import checkpoint, corpus, curve
+from npu_graph.training import corpus, curve
 from npu_graph.training.progress import StepReporter
 
 LN2 = math.log(2.0)

@@ -3,8 +3,9 @@ demo compiled, in place, and a failed training is a clear error."""
 import pytest
 import torch
 
+from npu_graph.models import checkpoint
 from npu_graph.models.hybrid import HybridLM
-from npu_graph.training import background, checkpoint
+from npu_graph.training import background
 
 
 @pytest.mark.slow

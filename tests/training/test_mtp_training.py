@@ -9,8 +9,9 @@ import pytest
 import safetensors.torch
 import torch
 
+from npu_graph.models import checkpoint
 from npu_graph.models.hybrid import HybridConfig, HybridLM
-from npu_graph.training import checkpoint, corpus
+from npu_graph.training import corpus
 from npu_graph.training.loop import TrainSettings, heldout_scores, train
 from npu_graph.training.progress import StepReporter
 

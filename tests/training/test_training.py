@@ -6,8 +6,9 @@ import pytest
 import safetensors.torch
 import torch
 
+from npu_graph.models import checkpoint
 from npu_graph.models.hybrid import HybridConfig, HybridLM, aux_losses
-from npu_graph.training import checkpoint, corpus
+from npu_graph.training import corpus
 from npu_graph.training.loop import TrainSettings, bits_per_byte, train
 
 SHORT = dict(batch=2, seq_len=64, eval_windows=4, eval_every=1000, max_train_bytes=150_000, warmup_steps=2)
