@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from npu_graph.tools.bench_generate import Case
+from npu_graph.tools.bench_generate_cases import Case
 
 COLD_BACKENDS = ("inductor", "ascend_dsa")
 

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from npu_graph.tools import bench_generate
+from npu_graph.tools import bench_generate, bench_generate_cases
 from npu_graph.tools.bench import SUITES
 from npu_graph.tools.cli import _parser
 
@@ -13,7 +13,7 @@ FIELDS = {"case", "backend", "prompt", "new_tokens", "busy", "prefill_ms", "deco
           "first_generate_s", "graphs", "recompiles", "tokens_equal", "first_diff_token", "prefill_speedup_vs_eager",
           "prefill_speedup_vs_inductor", "decode_speedup_vs_eager", "decode_speedup_vs_inductor", "fallback_graphs",
           "impl", "glue", "glue_wait_s"}
-TINY_LLAMA = bench_generate.Case("llama tiny", "llama", prompt_len=8, new_tokens=3)
+TINY_LLAMA = bench_generate_cases.Case("llama tiny", "llama", prompt_len=8, new_tokens=3)
 
 
 def test_suite_is_registered_and_cli_takes_busy() -> None:
@@ -23,10 +23,10 @@ def test_suite_is_registered_and_cli_takes_busy() -> None:
 
 
 def test_cases_cover_every_tiny_family_and_the_mid_configs() -> None:
-    assert [c.family for c in bench_generate.cases(quick=True)] == ["deepseek_v32", "kimi_linear"]
-    full = bench_generate.cases(quick=False)
-    assert {c.family for c in full if c.prompt_len == 64} == set(bench_generate.EXTRA)
-    mid = [c for c in full if c.prompt_len == bench_generate.MID_PROMPT]
+    assert [c.family for c in bench_generate_cases.cases(quick=True)] == ["deepseek_v32", "kimi_linear"]
+    full = bench_generate_cases.cases(quick=False)
+    assert {c.family for c in full if c.prompt_len == 64} == set(bench_generate_cases.EXTRA)
+    mid = [c for c in full if c.prompt_len == bench_generate_cases.MID_PROMPT]
     assert {c.family for c in mid} == {"deepseek_v32", "kimi_linear"}
     assert all(c.overrides["hidden_size"] == 512 and c.new_tokens == 16 for c in mid)
 
