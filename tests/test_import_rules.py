@@ -1,10 +1,12 @@
 """The nevers of the package's layout, read from its source: kernels import no passes or compiler, passes import
-no targets and read no devices, models import no compiler, only the NPU target imports torch_npu, models/ has
-no import circle, and `import npu_graph` patches nothing of other libraries."""
+no targets and read no devices, models import no compiler, only the NPU target imports torch_npu, no module of the
+package imports itself back through others (an import inside a function counts), and `import npu_graph` patches
+nothing of other libraries."""
 import ast
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,23 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(tree: ast.AST, package: str) -> set[str]:
-    """Every module an `import` or `from ... import` anywhere in the file names (function bodies included)."""
+def _walk(tree: ast.AST, type_checking: bool) -> Iterator[ast.AST]:
+    """Every node of `tree`; without `type_checking`, not those under an `if TYPE_CHECKING:` (its else branch is
+    walked: it runs)."""
+    for node in ast.iter_child_nodes(tree):
+        yield node
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                yield from [child, *_walk(child, type_checking)]
+            continue
+        yield from _walk(node, type_checking)
+
+
+def imports_of(tree: ast.AST, package: str, type_checking: bool = True) -> set[str]:
+    """Every module an `import` or `from ... import` anywhere in the file names (function bodies included; `if
+    TYPE_CHECKING:` blocks unless `type_checking` is False): for `from x import y`, both x and x.y."""
     found = set()
-    for node in ast.walk(tree):
+    for node in _walk(tree, type_checking):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -105,10 +120,24 @@ def test_the_npu_target_may_import_torch_npu():
     assert not broken_rules("npu_graph.targets.npu", "def f():\n    import torch_npu")
 
 
-def import_graph(folder: str) -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
-    return {m: {n for n in imports_of(ast.parse(p.read_text()), m.rsplit(".", 1)[0]) if n in modules and n != m}
-            for m, p in modules.items()}
+def import_graph(sources: dict[str, str], packages: set[str]) -> dict[str, set[str]]:
+    """{module: the modules it imports when it runs} of `sources` ({module name: its source}; `packages` are the
+    names whose source is a package's __init__). Imports inside functions count, and so does `from x import y` of
+    a module y; `if TYPE_CHECKING:` blocks do not run, so they do not count; neither does an import of a package
+    itself (its __init__ runs first whichever of its modules is imported, and it only gathers what they define)."""
+    graph = {}
+    for module, source in sources.items():
+        package = module if module in packages else module.rpartition(".")[0]
+        names = imports_of(ast.parse(source), package, type_checking=False)
+        graph[module] = {n for n in names if n in sources and n not in packages and n != module}
+    return graph
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The import graph of the whole package: npu_graph, and passes/, kernels/ and tools/ as its subpackages."""
+    files = {module_name(path): path for path in package_files()}
+    packages = {name for name, path in files.items() if path.name == "__init__.py"}
+    return import_graph({name: path.read_text() for name, path in files.items()}, packages)
 
 
 def cycle_in(graph: dict[str, set[str]]) -> list[str]:
@@ -131,12 +160,31 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_models_have_no_import_circle():
-    assert cycle_in(import_graph("npu_graph/models")) == []
+def test_the_package_has_no_import_circle():
+    circle = cycle_in(package_graph())
+    assert not circle, f"import circle: {' -> '.join(circle)} (move what both need where it belongs)"
 
 
 def test_a_circle_is_found():
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_the_graph_counts_what_runs_and_leaves_packages_out():
+    sources = {
+        "p": "from p import a\n",                                       # a package's __init__
+        "p.a": "def f():\n    from p import b\n",                         # inside a function: counts
+        "p.b": "from p.c import helper\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.a\n"
+               "else:\n    from . import d\n",
+        "p.c": "import p\n",                                            # the package: its __init__ is left out
+        "p.d": "",
+    }
+    assert import_graph(sources, {"p"}) == {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p.c", "p.d"}, "p.c": set(),
+                                            "p.d": set()}
+
+
+def test_a_circle_through_a_function_level_import_is_found():
+    graph = import_graph({"p": "", "p.a": "from p.b import x\n", "p.b": "def f():\n    from p import a\n"}, {"p"})
+    assert cycle_in(graph) == ["p.a", "p.b", "p.a"]
 
 
 def test_importing_npu_graph_patches_nothing_until_the_backend_is_resolved():
