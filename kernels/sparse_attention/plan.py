@@ -108,7 +108,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     fixed = _call_args(_as_rows(query), key, value, dtypes, sparse_indices, block_table,
                        _as_rows(query_rope), key_rope, sparse_block_size, sparse_mode)
     args = ctypes.byref(fixed)
-    paged, shared = block_table is not None, value is key or same_tensor(key, value)
+    paged = block_table is not None
     out_dtype, out_shape, stats = query.dtype, tuple(query.shape), tuple(query.shape[:3])
 
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
@@ -123,6 +123,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
         out = torch.empty(*out_shape, dtype=out_dtype)      # sizes as ints: a torch.Size costs ~1.5 us more
         smax, ssum = torch.empty(*stats, dtype=torch.float32), torch.empty(*stats, dtype=torch.float32)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
+        shared = value is key or same_tensor(key, value)       # per call: the signature does not hold it
         status = entry(args, q.data_ptr(), None if q_rope is None else q_rope.data_ptr(), idx.data_ptr(),
                        None if table is None else table.data_ptr(), None if lq is None else lq.data_ptr(),
                        None if lkv is None else lkv.data_ptr(), None if starts is None else starts.data_ptr(),
