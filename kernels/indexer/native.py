@@ -23,7 +23,7 @@ from torch import Tensor
 from npu_graph.kernels.indexer.key_windows import leading_masked_keys
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
-from npu_graph.kernels.native.call_plans import as_int, int_dtype
+from npu_graph.kernels.native.call_plans import as_int, as_table32, int_dtype
 from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "lightning_indexer"
@@ -100,7 +100,7 @@ def _key_args(key: Tensor, block_table: Tensor | None) -> Callable[[int], tuple]
     if block_table is None:
         base, batch_stride = key.data_ptr(), key.stride(0) * item
         return lambda b: (base + b * batch_stride, code, row_stride, 0, None, 1)
-    table = block_table.to(torch.int32).contiguous()     # kept alive by the function below
+    table = as_table32(block_table)     # kept alive by the function below
 
     def paged(b: int) -> tuple:
         return key.data_ptr(), code, row_stride, key.stride(0), table.data_ptr() + b * table.stride(0) * 4, \
@@ -166,7 +166,7 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
              block_table: Tensor | None, key_starts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
         q = query.contiguous() if copy_query else query
         w = weights if w_float else weights.float().contiguous()
-        table, starts = as_int(block_table, torch.int32), as_int(key_starts, int_dtype(key_starts))
+        table, starts = as_table32(block_table), as_int(key_starts, int_dtype(key_starts))
         lq, lk = as_int(lq_tensor, lq_dtype), as_int(lk_tensor, lk_dtype)
         capacity = key.shape[1] * (table.shape[1] if paged else 1)
         indices = torch.empty(batch, s1, 1, k, dtype=torch.int32)     # sizes as ints, not a tuple: ~0.6 us less

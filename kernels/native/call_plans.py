@@ -113,6 +113,17 @@ def int_dtype(x: Tensor | None) -> torch.dtype | None:
     return None if x is None else (x.dtype if x.dtype in (torch.int32, torch.int64) else torch.int64)
 
 
+def as_table32(table: Tensor | None) -> Tensor | None:
+    """A block table as a kernel that reads int32 entries takes it, contiguous: an entry outside int32's range
+    becomes -1, which the kernel's check refuses, instead of wrapping onto a valid block (2**32 + 1 is not
+    block 1)."""
+    if table is None or (table.dtype is torch.int32 and table.is_contiguous()):
+        return table
+    if table.dtype is torch.int64:
+        table = table.clamp(-1, 2 ** 31 - 1)
+    return table.to(torch.int32).contiguous()
+
+
 def as_int(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
     """x in `dtype` (int_dtype of the plan's operand) and contiguous, copied only when it is not already."""
     if x is None or (x.dtype is dtype and x.is_contiguous()):
