@@ -15,11 +15,15 @@ keyword-only tensor. Semantics, for router logits x [T,E], all in fp32:
     y = y * routed_scaling_factor                                      x's dtype [T,k]
     out = norm                                                         fp32 [T,E]
 
+Non-finite values: a NaN in `bias` is refused (ValueError); a -inf bias keeps its expert from being chosen
+while k others remain, a +inf one chooses it first. A NaN logit in x makes its score NaN, which ranks above every
+number (as torch.topk ranks NaN), and the token's weights NaN. Every path selects the same experts.
 `out` always has shape [T,E], as in torch_npu's meta function; it is filled whatever `out_flag` says
 (on the NPU its content is only defined when out_flag is True). Ties are broken towards the lower index.
 Decode-sized routers go to a native selection (kernels/moe/gating_native.py), larger ones stay in torch.
 """
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -66,14 +70,24 @@ def _validate(x: torch.Tensor, k: int, bias: torch.Tensor | None, k_group: int, 
                                              f"but groups have {experts // group_count} expert(s)")
 
 
+def check_bias_values(bias: Tensor | None) -> None:
+    """A NaN correction bias would steer every token to its expert while the weights stay finite: refused. (The
+    native selection declines non-finite scores, so every path reaches this check before selecting with one.)"""
+    if bias is not None and bool(torch.isnan(bias).any()):
+        experts = torch.isnan(bias).nonzero().flatten().tolist()
+        raise ValueError(f"{OP}: `bias` holds NaN at expert(s) {experts[:8]}; the correction bias must not be NaN "
+                         f"(a checkpoint that loaded wrong?); -inf keeps an expert from being chosen")
+
+
 def _normalize(x: torch.Tensor, norm_type: int) -> torch.Tensor:
     x = x.float()
     return torch.sigmoid(x) if norm_type == 1 else torch.softmax(x, dim=-1)
 
 
 def _best(values: list[float], count: int, among: list[int]) -> list[int]:
-    """The `count` entries of `among` with the largest values, best first, ties to the lower index."""
-    return sorted(among, key=lambda i: (-values[i], i))[:count]
+    """The `count` entries of `among` with the largest values, best first, ties to the lower index; NaN ranks
+    above every number."""
+    return sorted(among, key=lambda i: (0, 0.0, i) if math.isnan(values[i]) else (1, -values[i], i))[:count]
 
 
 def _route_token(score: list[float], k: int, k_group: int, group_count: int, group_select_mode: int) -> list[int]:
@@ -96,6 +110,7 @@ def reference_moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | Non
                                norm_type: int = 1, out_flag: bool = False, routed_scaling_factor: float = 1.0,
                                eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Brute force, one token at a time, with Python sorting over groups and experts."""
+    check_bias_values(bias)
     norm = _normalize(x, norm_type)
     score = norm + (0 if bias is None else bias.float())
     ys, ids = [], []
@@ -114,16 +129,16 @@ def reference_moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | Non
 def _stable_topk(score: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest fp32 scores per row, best first, ties to the lower index.
 
-    torch.topk leaves the order of equal values open. Without ties among the k+1 best of a row its
-    answer is the only one; otherwise topk runs on unique int64 keys: the fp32 bits mapped to an
+    torch.topk leaves the order of equal values (and of NaNs) open. Without ties or NaN among the k+1 best of a
+    row its answer is the only one; otherwise topk runs on unique int64 keys: the fp32 bits mapped to an
     order-preserving int32 (negative floats get their magnitude bits flipped; +0.0 folds -0.0 into
     +0.0), times E, plus a rank that favours lower indices. (A stable sort would be ~8x slower.)
     """
     width = score.shape[-1]
     values, idx = score.topk(min(k + 1, width), dim=-1)
-    if not (values[:, 1:] == values[:, :-1]).any():
+    if (values[:, 1:] < values[:, :-1]).all():      # strictly decreasing: no tie, no NaN
         return idx[:, :k]
-    bits = (score + 0.0).view(torch.int32)
+    bits = torch.where(score.isnan(), float("nan"), score + 0.0).view(torch.int32)    # one NaN, above +inf
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
     key = ordered * width + torch.arange(width - 1, -1, -1)
     return key.topk(k, dim=-1).indices
@@ -159,6 +174,7 @@ class _Route(NamedTuple):
 
 def _torch_route(route: _Route, x: Tensor, norm: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The selection in torch (module docstring), from the normalised scores."""
+    check_bias_values(bias)
     score = norm if bias is None else norm + bias.float()
     if route.group_count > 1:
         score = _group_mask(score, route.k_group, route.group_count, route.group_select_mode)
