@@ -636,9 +636,16 @@ static void finish(const struct shape *sh, const float *parts, int nparts, int64
             w[p] = mp == -INFINITY ? 0.0f : exp_neg(mp - mx);
             sum += parts[p * pf + sh->Hp + h] * w[p];
         }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f, *o = out + h * sh->DL;
+        if (mx != mx || mx == INFINITY || mx == -INFINITY) {    /* non-finite logits (the op's docstring) */
+            float fill = mx == -INFINITY ? 0.0f : NAN;
+            smax[h] = mx == -INFINITY ? mx : NAN;
+            ssum[h] = fill;
+            for (int64_t d = 0; d < sh->DL; d++) o[d] = fill;
+            continue;
+        }
         smax[h] = mx;
         ssum[h] = sum;
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f, *o = out + h * sh->DL;
         for (int64_t d = 0; d < sh->DL; d++) o[d] = 0.0f;
         for (int p = 0; p < nparts; p++) {
             const float *a = parts + p * pf + 2 * sh->Hp + h * sh->DLp;

@@ -1,6 +1,8 @@
 """Argument checks of `ascend_dsa::sparse_flash_attention` (kernels/sparse_attention/sparse_flash_attention.py): ranks,
 shapes, dtypes and options (nothing that reads tensor data, so the fake runs them too), and the one check on the data,
 that sparse_indices holds no entry below -1."""
+import math
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,13 @@ KV_DTYPES = (*FLOAT_DTYPES, FP8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 KV_TILE = 128             # values of a token that share one fp8 scale
 KV_SCALES = ScaleForm(KV_TILE, (torch.float32,), f"fp32, one scale per token and {KV_TILE} values", "Dl")
+
+
+def check_scale(scale_value: float) -> None:
+    """scale_value multiplies the query; a NaN or infinite one would make every logit non-finite."""
+    if not math.isfinite(scale_value):
+        raise ValueError(f"{OP}: `scale_value` must be a finite number (got {scale_value}); the usual value is "
+                         f"1 / sqrt(head dim)")
 
 
 def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope: Tensor | None) -> None:

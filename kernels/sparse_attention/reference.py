@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from npu_graph.kernels.indexer.checks import sequence_lengths, visible_keys
-from npu_graph.kernels.sparse_attention.checks import OP, check_data, check_static
+from npu_graph.kernels.sparse_attention.checks import OP, check_data, check_scale, check_static
 from npu_graph.kernels.sparse_attention.torch_path import dequantize_tiles
 
 
@@ -34,6 +34,7 @@ def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, 
     check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                   query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
                   sparse_mode)
+    check_scale(scale_value)
     check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
@@ -50,12 +51,26 @@ def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, 
                                dtype=torch.long)
             if pos.numel() == 0:
                 continue
-            logits = query[b, t].float() @ k[pos].T
+            logits = (query[b, t].float() * scale_value) @ k[pos].T       # scale_value multiplies the query
             if kr is not None:
-                logits = logits + query_rope[b, t].float() @ kr[pos].T
-            logits = logits * scale_value
+                logits = logits + (query_rope[b, t].float() * scale_value) @ kr[pos].T
             row_max = logits.max(-1).values
             e = torch.exp(logits - row_max[:, None])
             out[b, t] = (e @ v[pos]) / e.sum(-1, keepdim=True)
             softmax_max[b, t], softmax_sum[b, t] = row_max, e.sum(-1)
-    return out.to(query.dtype), softmax_max, softmax_sum
+    return non_finite_heads(out.to(query.dtype), softmax_max, softmax_sum)
+
+
+def non_finite_heads(out: Tensor, softmax_max: Tensor, softmax_sum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The op's outputs with its rule for non-finite logits applied in place (kernels/sparse_flash_attention.py):
+    a head whose largest logit is NaN or +inf gets NaN in all three outputs, one whose every logit is -inf counts
+    as having no selected position (0, -inf, 0). One check when every head is finite."""
+    bad = ~torch.isfinite(softmax_max)
+    if not bool(bad.any()):
+        return out, softmax_max, softmax_sum
+    empty = softmax_max == float("-inf")
+    poisoned = bad & ~empty
+    out.masked_fill_(empty.unsqueeze(-1), 0.0).masked_fill_(poisoned.unsqueeze(-1), float("nan"))
+    softmax_sum.masked_fill_(empty, 0.0).masked_fill_(poisoned, float("nan"))
+    softmax_max.masked_fill_(poisoned, float("nan"))
+    return out, softmax_max, softmax_sum

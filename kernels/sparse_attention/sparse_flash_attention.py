@@ -28,6 +28,13 @@ i·sparse_block_size ... i·sparse_block_size + sparse_block_size − 1; entries
 expects them after the valid ones; here they may be anywhere). Positions >= S2_b are skipped, and with
 sparse_mode=3 (causal, bottom-right aligned) so are positions > S2_b − S1_b + t. A position listed twice
 counts twice, as on the NPU.
+Non-finite values. `scale_value` must be finite (else ValueError); it multiplies the query before the dot
+products, as on the NPU. A NaN or inf in query, key or the rope parts makes logits NaN or ±inf: a head whose
+largest logit is NaN or +inf gets NaN in attention_out, softmax_max and softmax_sum; a logit of -inf weighs 0,
+and a head whose every logit is -inf counts as a token with no selected position. A NaN or inf in a selected
+value row reaches the attention_out of every head that reads it (inf · 0 is NaN, as in IEEE arithmetic). Where a
+logit's fp32 sum comes within rounding of overflow (|logit| near 3.4e38), whether it overflows depends on the order
+of additions, which differs between the paths.
 fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape [..., Dl/128]: each tile of
 128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
 
@@ -47,8 +54,9 @@ from npu_graph.kernels.indexer.key_windows import check_starts, drop_padding, ha
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.sparse_attention import native as sfa_native
 from npu_graph.kernels.sparse_attention import plan as sfa_plan
-from npu_graph.kernels.sparse_attention.checks import OP, check_data, check_static
+from npu_graph.kernels.sparse_attention.checks import OP, check_data, check_scale, check_static
 from npu_graph.kernels.sparse_attention.native import NATIVE_SOURCE
+from npu_graph.kernels.sparse_attention.reference import non_finite_heads
 from npu_graph.kernels.sparse_attention.reference import (
     reference_sparse_flash_attention as reference_sparse_flash_attention,
 )
@@ -78,7 +86,7 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
             continue
         torch_batch(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size,
                     sparse_mode, outs)
-    return outs
+    return non_finite_heads(*outs)
 
 
 _PLANS = call_plans.Plans(OP)
@@ -100,6 +108,7 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
                       layout_query, layout_kv, sparse_mode)
         check_starts(OP, key_starts, query.shape[0])
+        check_scale(scale_value)
     return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
                                        actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
                                        key_scale, value_scale, key_starts, sparse_block_size, sparse_mode)
@@ -115,6 +124,8 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
     stores one)."""
     args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
             actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
+    if key_starts is not None:
+        check_start_values(OP, key_starts, key.shape[1] * (1 if block_table is None else block_table.shape[1]))
     # a paged cache keeps its shape; BSND key, value and key_rope grow by a row per decode step: the plan reads
     # their length at each call, the signature keeps only what the dispatch class reads of it (native_class)
     kv_key = call_plans.tensor_key if block_table is not None else call_plans.growing_key
@@ -185,6 +196,7 @@ def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value,
                   query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
                   sparse_mode)
     check_starts(OP, key_starts, query.shape[0])
+    check_scale(scale_value)
     batch, s1, n1 = query.shape[:3]
     stats = query.new_empty((batch, s1, n1), dtype=torch.float32)
     return query.new_empty(query.shape), stats, torch.empty_like(stats)     # contiguous, as the CPU path returns
