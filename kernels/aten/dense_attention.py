@@ -10,7 +10,8 @@ in the same process): [1, 4, 2048, 24] causal with v padded 16 -> 24 6.6 vs 8.5 
 head dim 32 at parity; 64 and 128 slower (0.84x, 0.75x), as is a single query row (decode) — those keep torch's.
 
 When the runtime builds a CompiledGraph it binds the generated source's flash calls to `flash_attention_for_cpu`
-(`bind`), which takes the native kernel for fp32 CPU tensors with q, k and v of one head dim <= MAX_HEAD_DIM, at
+(`bind`), which checks what torch's kernel assumes (`_checked`: it would crash or read out of bounds), and takes
+the native kernel for fp32 CPU tensors with q, k and v of one head dim <= MAX_HEAD_DIM, at
 least MIN_QUERIES query rows, no mask, no dropout, unit stride along the head dim and no autograd, and calls torch's
 kernel for everything else (and when the library is not built or ASCEND_DSA_NATIVE=0 when the graph is built).
 Outputs have torch's layouts (out like q, logsumexp [B, H, L] over a [B, L, H] buffer) and agree with torch's
@@ -55,6 +56,39 @@ def _typed(lib: ctypes.CDLL) -> Callable[..., int]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "da_attention")
 
 
+def _checked(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """What torch's CPU flash kernel assumes and does not check (a zero head count or a query head count that is
+    not a multiple of the key's ends the process with SIGFPE, or reads out of bounds): ValueError naming the
+    argument instead."""
+    name = "_scaled_dot_product_flash_attention_for_cpu"
+    for arg, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: `{arg}` must be 4-D [batch, heads, length, head dim], got {tuple(t.shape)}")
+    (batch, hq, _, dk), (kb, hk, lk, kd), (vb, hv, lv, _) = query.shape, key.shape, value.shape
+    if (kb, vb) != (batch, batch) or hv != hk or lv != lk:
+        raise ValueError(f"{name}: `key` {tuple(key.shape)} and `value` {tuple(value.shape)} must share batch, heads "
+                         f"and length, with the batch of `query` {tuple(query.shape)}")
+    if kd != dk:
+        raise ValueError(f"{name}: `key`'s head dim {kd} differs from `query`'s {dk}")
+    if (hk == 0 and hq != 0) or (hk and hq % hk):
+        raise ValueError(f"{name}: `query`'s {hq} heads must be a multiple of `key`'s {hk} "
+                         f"(grouped-query attention)")
+
+
+def _aten(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, is_causal: bool, attn_mask: Tensor | None,
+          scale: float | None) -> tuple[Tensor, Tensor]:
+    """torch's kernel, called only with what it handles: checked shapes (`_checked`), rows with unit stride along
+    the head dim (its results are wrong otherwise) and no empty dimension (zero query or key length ends the process
+    with SIGFPE). Empty attention is SDPA's: output 0, logsumexp -inf where no key exists."""
+    _checked(query, key, value)
+    (batch, hq, lq, _), lk, dv = query.shape, key.shape[2], value.shape[3]
+    if 0 in (batch, hq, lq, lk):
+        return (query.new_zeros(batch, hq, lq, dv),
+                query.new_full((batch, hq, lq), float("-inf") if lk == 0 else 0.0, dtype=_F32))
+    query, key, value = (x if x.stride(3) == 1 else x.contiguous() for x in (query, key, value))
+    return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+
+
 def _takes(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, attn_mask: Tensor | None) -> bool:
     if attn_mask is not None or dropout_p != 0.0 or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return False
@@ -81,7 +115,7 @@ def _flash(kernel: Callable[..., int], query: Tensor, key: Tensor, value: Tensor
            is_causal: bool = False, *, attn_mask: Tensor | None = None,
            scale: float | None = None) -> tuple[Tensor, Tensor]:
     def aten() -> tuple[Tensor, Tensor]:
-        return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return _aten(query, key, value, dropout_p, is_causal, attn_mask, scale)
 
     def native_or_aten() -> tuple[Tensor, Tensor]:
         done = _native(kernel, query, key, value, is_causal, scale)
@@ -100,7 +134,7 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
     applies (module docstring), else torch's kernel."""
     loaded = native.load(NATIVE_SOURCE)
     if not loaded:
-        return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return _aten(query, key, value, dropout_p, is_causal, attn_mask, scale)
     return _flash(_typed(loaded.lib), query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 

@@ -79,6 +79,9 @@ def check_key_layout(op: str, key: Tensor, block_table: Tensor | None, layout: s
     require_same(op, "rows of `block_table` and the batch size B", block_table.shape[0], batch)
 
 
+MAX_SPARSE_COUNT = 1 << 20       # positions a query may select: a million-token context, dense
+
+
 @once_per_signature
 def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None,
                   actual_seq_lengths_key: Tensor | None, block_table: Tensor | None, query_scale: Tensor | None,
@@ -90,6 +93,9 @@ def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths
     require_choice(OP, "layout_key", layout_key, LAYOUTS_KEY)
     require_choice(OP, "sparse_mode", sparse_mode, SPARSE_MODES)
     require_positive(OP, "sparse_count", sparse_count)
+    require(sparse_count <= MAX_SPARSE_COUNT,
+            f"{OP}: `sparse_count`={sparse_count} is more than the {MAX_SPARSE_COUNT} positions a query may select "
+            f"(the outputs hold [B, S1, 1, sparse_count]; DeepSeek-V3.2 selects 2048)")
     for name, t, rank in (("query", query, 4), ("key", key, 4), ("weights", weights, 3)):
         require_rank(OP, name, t, rank)
     require_dtype(OP, "query", query, INPUT_DTYPES)

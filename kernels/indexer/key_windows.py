@@ -49,6 +49,14 @@ def check_starts(op: str, key_starts: Tensor | None, batch: int) -> None:
             f"{list(key_starts.shape)}")
 
 
+def check_start_values(op: str, key_starts: Tensor, keys: int) -> None:
+    """Each row's key start lies within its keys, 0 .. keys (the positions the key layout holds)."""
+    low, high = (int(x) for x in key_starts.aminmax()) if key_starts.numel() else (0, 0)
+    if low < 0 or high > keys:
+        raise FusedPreconditionError(f"{op}: `key_starts` {key_starts.tolist()[:8]} fall outside the {keys} keys "
+                                     f"(each start must be in [0, {keys}])")
+
+
 def _row_lengths(lengths: Tensor | None, default: int, batch: int) -> Tensor:
     return torch.full((batch,), default, dtype=torch.int32) if lengths is None else lengths.to(torch.int32)
 
@@ -64,9 +72,8 @@ def indexer_by_row(indexer: Callable[..., tuple[Tensor, Tensor]], query: Tensor,
                                      "paged cache (block_table) are not supported")
     batch, keys = query.shape[0], key.shape[1]
     lq, lk = _row_lengths(lengths_q, query.shape[1], batch), _row_lengths(lengths_k, keys, batch)
+    check_start_values("lightning_indexer", key_starts, keys)
     starts = key_starts.tolist()
-    if not all(0 <= s <= keys for s in starts):
-        raise FusedPreconditionError(f"lightning_indexer: key_starts {starts} fall outside the {keys} keys")
     indices, values = [], []
     for b, start in enumerate(starts):
         rows = slice(b, b + 1)

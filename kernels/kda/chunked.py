@@ -164,11 +164,18 @@ def _scan(intra: _Intra, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return states[n].clone(), states[:n], us
 
 
+def fitted_chunk(chunk_size: int, t_len: int) -> int:
+    """chunk_size (a power of two), but no larger than the power of two that holds the sequence: a larger chunk
+    gives the same results and would only pad the chunks with zeros (2**40 would ask for terabytes)."""
+    return min(chunk_size, 1 << max(t_len - 1, 0).bit_length())
+
+
 def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
              state: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked form (module docstring): o [B,T,H,V] fp32 and the final state [B*H, K, V]."""
     b, t_len, h, _ = k.shape
     dv = v.shape[-1]
+    chunk_size = fitted_chunk(chunk_size, t_len)
     qc = _to_chunks(q, chunk_size).mul_(scale)
     kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
     intra = _intra(kc, vc, gc, bc, qc)
@@ -189,6 +196,7 @@ def kda_transition(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torc
     """
     validate(None, k, v, g, beta, None, chunk_size)
     b, _, h, dk = k.shape
+    chunk_size = fitted_chunk(chunk_size, k.shape[1])
     kc, vc, gc, bc = (_to_chunks(x, chunk_size) for x in (k, v, g, beta))
     intra = _intra(kc, vc, gc, bc, None)
     s_zero, _, _ = _scan(intra, kc.new_zeros(b * h, dk, v.shape[-1]))

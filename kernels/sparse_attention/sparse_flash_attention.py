@@ -50,7 +50,7 @@ from torch import Tensor
 
 from npu_graph.kernels.checks import static_checks_needed
 from npu_graph.kernels.indexer.checks import sequence_lengths
-from npu_graph.kernels.indexer.key_windows import check_starts, drop_padding, has_padding
+from npu_graph.kernels.indexer.key_windows import check_start_values, check_starts, drop_padding, has_padding
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.sparse_attention import native as sfa_native
 from npu_graph.kernels.sparse_attention import plan as sfa_plan
