@@ -95,6 +95,10 @@ def manifest(**changes) -> bytes:
 
 
 def archive_with(path, *members: tarfile.TarInfo | tuple[str, bytes]) -> str:
+    """An archive of `members`; a manifest among them lists their sizes unless it lists sizes itself."""
+    sizes = {m[0]: len(m[1]) for m in members if isinstance(m, tuple)}
+    members = tuple(("manifest.json", json.dumps({"sizes": sizes, **json.loads(m[1])}).encode())
+                    if isinstance(m, tuple) and m[0] == "manifest.json" else m for m in members)
     with tarfile.open(path, "w:gz") as tar:
         for member in members:
             if isinstance(member, tarfile.TarInfo):
@@ -168,3 +172,53 @@ def test_import_into_a_read_only_cache_says_so(tmp_path):
     with read_only(tmp_path / "dst"), pytest.raises(CacheImportError, match="cannot write into the cache"):
         import_cache(disk, archive)
     assert read_private_file(key_path())  # the key was made when the cache was opened, before
+
+
+def test_a_member_larger_than_the_manifest_says_is_refused_unread(tmp_path, monkeypatch):
+    """Sizes are checked from the headers before any member is read: a 64 MB member the manifest lists as 10 bytes
+    is refused without being read."""
+    big = tarfile.TarInfo(f"entries/{KEY}/constants.safetensors")
+    big.size = 64 << 20
+    path = tmp_path / "big.tgz"
+    with tarfile.open(path, "w:gz") as tar:
+        sizes = {big.name: 10}
+        data = json.dumps({"schema": SCHEMA, "versions": cache_key.versions(), "keys": [KEY], "sizes": sizes})
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data.encode()))
+        tar.addfile(big, io.BytesIO(bytes(big.size)))
+    read = []
+    extract = tarfile.TarFile.extractfile
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda self, m: read.append(getattr(m, "name", m)) or
+                        extract(self, m))
+    with pytest.raises(CacheImportError, match=r"holds 67108864 bytes, the manifest lists 10"):
+        import_cache(DiskCache(str(tmp_path / "cache")), str(path))
+    assert big.name not in read
+
+
+def test_an_untagged_entry_is_refused_before_its_files_are_read(tmp_path, monkeypatch):
+    files = {f"entries/{KEY}/compiled.py": b"x" * (8 << 20), f"entries/{KEY}/meta.json": b"{}",
+             f"entries/{KEY}/tag": b"0" * 64}
+    archive = archive_with(tmp_path / "forged.tgz", ("manifest.json", manifest(keys=[KEY])), *files.items())
+    read = []
+    extract = tarfile.TarFile.extractfile
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda self, m: read.append(m.name) or extract(self, m))
+    result = import_cache(DiskCache(str(tmp_path / "cache")), archive)
+    assert result["imported"] == 0 and "tag does not verify" in result["refused"][0]["problem"]
+    assert f"entries/{KEY}/compiled.py" not in read and f"entries/{KEY}/meta.json" in read
+
+
+def test_oversized_meta_and_manifests_without_sizes_are_refused(tmp_path):
+    disk = DiskCache(str(tmp_path / "cache"))
+    meta = archive_with(tmp_path / "meta.tgz", ("manifest.json", manifest()),
+                        (f"entries/{KEY}/meta.json", b" " * ((1 << 20) + 1)))
+    with pytest.raises(CacheImportError, match=r"meta.json holds 1048577 bytes, more than the 1048576"):
+        import_cache(disk, meta)
+    bare = tmp_path / "bare.tgz"
+    with tarfile.open(bare, "w:gz") as tar:
+        data = manifest()
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(CacheImportError, match="lists no member sizes; export it again"):
+        import_cache(disk, str(bare))

@@ -58,7 +58,8 @@ def read_folder(folder: str) -> EntryBytes:
     return EntryBytes(meta, tag_text, files)
 
 
-def _check_tag(entry: EntryBytes, tag_keys: Sequence[bytes]) -> None:
+def check_tag(entry: EntryBytes, tag_keys: Sequence[bytes]) -> None:
+    """The entry's tag verifies its meta.json under one of `tag_keys`; raises CorruptEntry."""
     if entry.tag is None:
         raise CorruptEntry("it carries no tag (made by an older version, or copied without one)")
     if not any(verify_tag(_TAG_CONTEXT + entry.meta, entry.tag, key) for key in tag_keys):
@@ -72,7 +73,7 @@ def verify_entry(key: str, entry: EntryBytes, tag_keys: Sequence[bytes] | None) 
     if entry.meta is None:
         raise CorruptEntry("meta.json is missing")
     if tag_keys is not None:
-        _check_tag(entry, tag_keys)
+        check_tag(entry, tag_keys)
     try:
         meta = json.loads(entry.meta)
     except ValueError as exc:

@@ -1,6 +1,9 @@
 """Ship a warmed compile cache to another machine: export to one .tar.gz, import with checks.
 
-Export packs every entry that verifies, with its tag. Import refuses an archive made with other versions
+Export packs every entry that verifies, with its tag, and lists every member's size in manifest.json. Import
+reads nothing of a member before its size in the archive's header matches the manifest's (manifest.json, meta.json
+and tags have small bounds of their own), and reads an entry's files only once its tag verifies (unless trusted):
+an archive cannot make the importer hold data it will refuse. Import refuses an archive made with other versions
 (python, torch, torch_npu, ascend-dsa) or holding anything but regular files named entries/<key>/<entry file>
 and manifest.json, each once (absolute paths, `..`, links and device files never reach the disk). Each entry
 must then verify as the cache checks it, tag included: an entry tagged under another key (another user,
@@ -23,12 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from npu_graph.cache.disk_store import DiskCache
-from npu_graph.cache.folder import META, SCHEMA, TAG, CorruptEntry, EntryBytes, verify_entry, write_entry
+from npu_graph.cache.folder import (
+    META,
+    SCHEMA,
+    TAG,
+    CorruptEntry,
+    EntryBytes,
+    check_tag,
+    verify_entry,
+    write_entry,
+)
 from npu_graph.cache.key import versions
 from npu_graph.cache.trust import KEY_BYTES, read_private_file
 
 _MEMBER = re.compile(r"entries/([0-9a-f]{64})/(meta\.json|compiled\.py|constants\.safetensors|tag)")
 _ARCHIVE_ERRORS = (OSError, EOFError, tarfile.TarError, zlib.error)
+_MANIFEST_LIMIT = 64 << 20      # bytes of manifest.json (a key and a size per member: ~200 bytes an entry file)
+_META_LIMIT = 1 << 20           # bytes of an entry's meta.json or tag
 
 
 class CacheImportError(RuntimeError):
@@ -44,7 +58,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def export_cache(disk: DiskCache, path: str) -> dict[str, Any]:
     """Pack every entry that verifies (written to a temporary file, renamed to `path` when complete); returns
     what was written and the entries skipped, with why."""
-    keys, skipped = [], []
+    keys, skipped, sizes = [], [], {}
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".ascend-dsa-export-", dir=folder)
     try:
@@ -55,12 +69,13 @@ def export_cache(disk: DiskCache, path: str) -> dict[str, Any]:
                 except CorruptEntry as exc:
                     skipped.append({"key": key, "problem": str(exc)})
                     continue
-                for name, data in sorted(entry.files.items()):
+                members = {**entry.files, META: entry.meta, TAG: entry.tag.encode()}
+                for name, data in members.items():
                     _add(tar, f"entries/{key}/{name}", data)
-                _add(tar, f"entries/{key}/{META}", entry.meta)
-                _add(tar, f"entries/{key}/{TAG}", entry.tag.encode())
+                    sizes[f"entries/{key}/{name}"] = len(data)
                 keys.append(key)
-            _add(tar, "manifest.json", json.dumps({"schema": SCHEMA, "versions": versions(), "keys": keys}).encode())
+            _add(tar, "manifest.json", json.dumps({"schema": SCHEMA, "versions": versions(), "keys": keys,
+                                                   "sizes": sizes}).encode())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -68,10 +83,20 @@ def export_cache(disk: DiskCache, path: str) -> dict[str, Any]:
     return {"file": path, "entries": len(keys), "skipped": skipped}
 
 
-def _check_manifest(tar: tarfile.TarFile) -> None:
+def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
+    """A member whose header says it holds at most `limit` bytes, read whole (the size is checked before reading)."""
+    if member.size > limit:
+        raise CacheImportError(f"{member.name} holds {member.size} bytes, more than the {limit} such a file may "
+                               f"hold; refusing the archive")
+    return tar.extractfile(member).read(limit)
+
+
+def _check_manifest(tar: tarfile.TarFile) -> dict[str, int] | None:
+    """The manifest's member sizes (None when it lists none), after checking its schema and versions."""
     try:
-        manifest = json.load(tar.extractfile("manifest.json"))
+        manifest = json.loads(_read_small(tar, tar.getmember("manifest.json"), _MANIFEST_LIMIT))
         archived = dict(manifest.get("versions", {}))
+        sizes = {str(name): int(size) for name, size in manifest.get("sizes", {}).items()}
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise CacheImportError(f"not an ascend-dsa cache export (manifest.json: {exc})") from exc
     differ = {k: (archived.get(k), v) for k, v in versions().items() if archived.get(k) != v}
@@ -79,6 +104,7 @@ def _check_manifest(tar: tarfile.TarFile) -> None:
         details = ", ".join(f"{k}: archive {a} vs here {b}" for k, (a, b) in differ.items())
         raise CacheImportError(f"cache export was made with other versions ({details or manifest.get('schema')}); "
                                f"recompile on this machine instead")
+    return sizes if "sizes" in manifest else None
 
 
 def _members_by_key(tar: tarfile.TarFile) -> dict[str, list[tarfile.TarInfo]]:
@@ -98,11 +124,35 @@ def _members_by_key(tar: tarfile.TarFile) -> dict[str, list[tarfile.TarInfo]]:
     return grouped
 
 
-def _entries(tar: tarfile.TarFile, grouped: dict[str, list[tarfile.TarInfo]]) -> Iterator[tuple[str, EntryBytes]]:
+def _check_sizes(grouped: dict[str, list[tarfile.TarInfo]], sizes: dict[str, int] | None) -> None:
+    """Every member's size in its header is the one the manifest lists (checked before anything is read)."""
+    if sizes is None:
+        raise CacheImportError("the cache export's manifest.json lists no member sizes; export it again with "
+                               "this version")
+    for member in (m for members in grouped.values() for m in members):
+        if sizes.get(member.name) != member.size:
+            raise CacheImportError(f"member {member.name!r} holds {member.size} bytes, the manifest lists "
+                                   f"{sizes.get(member.name, 'no size')}; refusing the archive")
+
+
+def _entries(tar: tarfile.TarFile, grouped: dict[str, list[tarfile.TarInfo]],
+             tag_keys: list[bytes] | None) -> Iterator[tuple[str, EntryBytes | CorruptEntry]]:
+    """Each entry as read, or why it is refused: its meta.json and tag first, and its files only when the tag
+    verifies under one of `tag_keys` (None: trusted)."""
     for key, members in grouped.items():
-        data = {os.path.basename(m.name): tar.extractfile(m).read() for m in members}
-        meta, tag_bytes = data.pop(META, None), data.pop(TAG, None)
-        yield key, EntryBytes(meta, None if tag_bytes is None else tag_bytes.decode("ascii", "replace"), data)
+        named = {os.path.basename(m.name): m for m in members}
+        meta_member, tag_member = named.pop(META, None), named.pop(TAG, None)
+        meta = None if meta_member is None else _read_small(tar, meta_member, _META_LIMIT)
+        tag_bytes = None if tag_member is None else _read_small(tar, tag_member, _META_LIMIT)
+        entry = EntryBytes(meta, None if tag_bytes is None else tag_bytes.decode("ascii", "replace"), {})
+        try:
+            if meta is not None and tag_keys is not None:
+                check_tag(entry, tag_keys)
+        except CorruptEntry as exc:
+            yield key, exc
+            continue
+        entry.files.update({name: tar.extractfile(m).read() for name, m in named.items()})
+        yield key, entry
 
 
 def read_key_file(path: str) -> bytes:
@@ -121,15 +171,18 @@ def import_cache(disk: DiskCache, path: str, trust: bool = False, key_file: str 
     with `trust`), re-tagged under this user's key; existing entries are kept. Returns counts and the refused
     entries with why; raises CacheImportError when the archive as a whole cannot be imported."""
     tag_keys = None if trust else [disk.key, *([read_key_file(key_file)] if key_file else [])]
-    imported, present, refused = 0, 0, []
+    imported, refused = 0, []
     try:
         with tarfile.open(path, "r:gz") as tar:
-            _check_manifest(tar)
-            for key, entry in _entries(tar, _members_by_key(tar)):
-                if os.path.lexists(disk.entry_dir(key)):
-                    present += 1
-                    continue
+            sizes = _check_manifest(tar)
+            grouped = _members_by_key(tar)
+            _check_sizes(grouped, sizes)
+            new = {key: members for key, members in grouped.items() if not os.path.lexists(disk.entry_dir(key))}
+            present = len(grouped) - len(new)
+            for key, entry in _entries(tar, new, tag_keys):
                 try:
+                    if isinstance(entry, CorruptEntry):
+                        raise entry
                     meta = verify_entry(key, entry, tag_keys)
                 except CorruptEntry as exc:
                     refused.append({"key": key, "problem": str(exc)})
