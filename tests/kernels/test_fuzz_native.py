@@ -16,20 +16,25 @@ PROGRAM = Path(__file__).with_name("fuzz_ops.py")
 pytestmark = pytest.mark.skipif(not native.available("sparse_attention")[0], reason="no native kernels built")
 
 
-def run_fuzz(level: str, *args: str, timeout: int) -> None:
+def run_program(program: Path, level: str, *args: str, timeout: int) -> list[str]:
+    """A fuzz program in a subprocess (ASCEND_DSA_NATIVE=1, ASCEND_DSA_CPU_ISA=level); fails the test on a hang, a
+    crash (naming the last case or call it wrote to stderr) or a difference. Returns its "ok ..." lines."""
     env = {**os.environ, "ASCEND_DSA_CPU_ISA": level, "ASCEND_DSA_NATIVE": "1"}
     try:
-        done = subprocess.run([sys.executable, str(PROGRAM), *args], capture_output=True, text=True, env=env,
+        done = subprocess.run([sys.executable, str(program), *args], capture_output=True, text=True, env=env,
                               timeout=timeout)
     except subprocess.TimeoutExpired as e:
         last = (e.stderr or b"").decode(errors="replace").strip().splitlines()[-1:]
-        pytest.fail(f"hang: the fuzz run at {level} passed {timeout} s; last case: {last}")
-    cases = [line for line in done.stderr.splitlines() if line.startswith("CASE")]
+        pytest.fail(f"hang: {program.name} at {level} passed {timeout} s; last case: {last}")
+    cases = [line for line in done.stderr.splitlines() if line.startswith(("CASE", "CALL"))]
     if done.returncode < 0:
         pytest.fail(f"crash (signal {-done.returncode}) at {level} in {cases[-1] if cases else 'start-up'}")
     assert done.returncode == 0, f"disagreement at {level}:\n{done.stdout[-800:]}\n{done.stderr[-3000:]}"
-    finished = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    assert len(finished) == len(fuzz_ops.FUZZERS), done.stdout
+    return [line for line in done.stdout.splitlines() if line.startswith("ok ")]
+
+
+def run_fuzz(level: str, *args: str, timeout: int) -> None:
+    assert len(run_program(PROGRAM, level, *args, timeout=timeout)) == len(fuzz_ops.FUZZERS)
 
 
 @pytest.mark.parametrize("level", LEVELS)
