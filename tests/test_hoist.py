@@ -1,4 +1,7 @@
 """Parameter-only work runs once per parameter version (the prologue), and results always match eager."""
+import gc
+
+import pytest
 import torch
 
 import npu_graph
@@ -46,6 +49,25 @@ def test_prologue_runs_once_per_parameter_version(monkeypatch):
         model.a.mul_(2.0)
         torch.testing.assert_close(compiled(x), model(x))
     assert calls == [True, False, False, True]
+
+
+def test_a_parameter_replaced_at_the_same_address_is_a_new_parameter():
+    """A parameter deleted and replaced by a new one often gets the freed object's address (its id) and the same
+    version (0): the prologue must still run again."""
+    model, compiled, _ = compile_model()
+    x = torch.randn(3, 8)
+    same_address = 0
+    with torch.no_grad():
+        compiled(x)
+        for _ in range(40):
+            before = id(model.a)
+            del model.a
+            gc.collect()
+            model.a = torch.nn.Parameter(torch.randn(8, 8))
+            same_address += id(model.a) == before
+            torch.testing.assert_close(compiled(x), model(x))
+    if not same_address:
+        pytest.skip("no replacement landed at the freed parameter's address in 40 tries")
 
 
 def test_prologue_survives_the_disk_cache(tmp_path):

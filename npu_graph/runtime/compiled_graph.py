@@ -7,7 +7,8 @@ and the boxed calling convention (the input list is cleared so inputs can be fre
 longer needs them). The source runs as it is: the CPU lowering bound its calls (npu_graph.targets.cpu_bindings),
 and its header resolves them through the `_bind` this module puts in its namespace (npu_graph.runtime.direct_calls).
 
-The prologue runs again whenever a parameter object or its version counter changes; with
+The prologue runs again whenever a parameter object or its version counter changes (objects are compared by
+weak reference, not by id: a parameter replaced by a new one at the freed one's address is a new object); with
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
 Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel), FROZEN_PARAMETERS and
 GLUE ('inductor' when the graph after the prologue is Inductor's generated module, npu_graph.runtime.inductor_glue).
@@ -17,6 +18,7 @@ compiled in the background, has landed, then that one — where its extra shape 
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -72,7 +74,7 @@ class CompiledGraph:
         self.prologue_runs = 0
         self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
         self._hoisted: tuple[Any, ...] = ()
-        self._hoisted_for: tuple[list[int], list[int]] | None = None
+        self._hoisted_for: tuple[list[weakref.ref], list[int]] | None = None
 
     def _load(self, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> None:
         self.__dict__.update(self._prepared(source, globals_, attributes))
@@ -128,12 +130,18 @@ class CompiledGraph:
         if self.frozen_parameters and self._hoisted_for is not None:
             return self._hoisted
         params = [inputs[i] for i in self.param_indices]
-        stamp = (list(map(id, params)), list(map(_VERSION, params)))
-        if stamp != self._hoisted_for:
+        versions = list(map(_VERSION, params))
+        if not self._hoisted_from(params, versions):
             self._hoisted, self.arena_bytes = weight_arena.pack(tuple(self._prologue(self._self, *params)), inputs)
-            self._hoisted_for = stamp
+            self._hoisted_for = list(map(weakref.ref, params)), versions
             self.prologue_runs += 1
         return self._hoisted
+
+    def _hoisted_from(self, params: list[Any], versions: list[int]) -> bool:
+        """Whether the prologue's outputs were made from these very parameter objects at these versions."""
+        if self._hoisted_for is None or versions != self._hoisted_for[1]:
+            return False
+        return all(ref() is param for ref, param in zip(self._hoisted_for[0], params))
 
     def __call__(self, args: list[Any]) -> Any:
         if self.glue_upgrade is not None:
