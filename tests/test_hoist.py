@@ -70,6 +70,16 @@ def test_a_parameter_replaced_at_the_same_address_is_a_new_parameter():
         pytest.skip("no replacement landed at the freed parameter's address in 40 tries")
 
 
+def test_a_parameter_given_new_data_is_seen():
+    """`p.data = t` keeps the parameter object and its version: the data's address tells."""
+    model, compiled, _ = compile_model()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        compiled(x)
+        model.b.data = torch.randn(8, 8)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_prologue_survives_the_disk_cache(tmp_path):
     x = torch.randn(3, 8)
     with torch.no_grad():

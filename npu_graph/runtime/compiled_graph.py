@@ -7,8 +7,11 @@ and the boxed calling convention (the input list is cleared so inputs can be fre
 longer needs them). The source runs as it is: the CPU lowering bound its calls (npu_graph.targets.cpu_bindings),
 and its header resolves them through the `_bind` this module puts in its namespace (npu_graph.runtime.direct_calls).
 
-The prologue runs again whenever a parameter object or its version counter changes (objects are compared by
-weak reference, not by id: a parameter replaced by a new one at the freed one's address is a new object); with
+The prologue runs again whenever a parameter object, its version counter or its data's address changes (objects
+are compared by weak reference, not by id: a parameter replaced by a new one at the freed one's address is a new
+object; `p.data = t` keeps the object and the version but not the address). Writes through `p.data` in place
+(`p.data.copy_(t)`) bump no version counter and are not seen, as autograd does not see them: update parameters
+with `p.copy_(t)` under `torch.no_grad()`, as `load_state_dict` does. With
 `FROZEN_PARAMETERS = True` in the source (torchair's frozen_parameter) it runs once and calls check nothing.
 Settings the source carries at its top: SUPERKERNEL_COMPILER (npu_graph.runtime.superkernel), FROZEN_PARAMETERS and
 GLUE ('inductor' when the graph after the prologue is Inductor's generated module, npu_graph.runtime.inductor_glue).
@@ -17,7 +20,6 @@ compiled in the background, has landed, then that one — where its extra shape 
 """
 from __future__ import annotations
 
-import operator
 import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -45,7 +47,6 @@ def _nested_namespace(attributes: dict[str, Any]) -> SimpleNamespace:
     return root
 
 
-_VERSION = operator.attrgetter("_version")
 
 
 def _executed(source: str, globals_: dict[str, Any], name: str, binder: Any) -> dict[str, Any]:
@@ -53,6 +54,11 @@ def _executed(source: str, globals_: dict[str, Any], name: str, binder: Any) -> 
     namespace = {**globals_, "_bind": binder}
     exec(compile(source, f"<ascend_dsa:{name}>", "exec"), namespace)
     return namespace
+
+
+def _stamp(param: Any) -> tuple[int, int]:
+    """What says a parameter object's data changed: its version counter and its data's address."""
+    return param._version, param.data_ptr()
 
 
 class CompiledGraph:
@@ -74,7 +80,7 @@ class CompiledGraph:
         self.prologue_runs = 0
         self.arena_bytes = 0        # prologue outputs moved into huge pages (npu_graph.runtime.weight_arena)
         self._hoisted: tuple[Any, ...] = ()
-        self._hoisted_for: tuple[list[weakref.ref], list[int]] | None = None
+        self._hoisted_for: tuple[list[weakref.ref], list[tuple[int, int]]] | None = None
 
     def _load(self, source: str, globals_: dict[str, Any], attributes: dict[str, Any]) -> None:
         self.__dict__.update(self._prepared(source, globals_, attributes))
@@ -130,15 +136,16 @@ class CompiledGraph:
         if self.frozen_parameters and self._hoisted_for is not None:
             return self._hoisted
         params = [inputs[i] for i in self.param_indices]
-        versions = list(map(_VERSION, params))
+        versions = list(map(_stamp, params))
         if not self._hoisted_from(params, versions):
             self._hoisted, self.arena_bytes = weight_arena.pack(tuple(self._prologue(self._self, *params)), inputs)
             self._hoisted_for = list(map(weakref.ref, params)), versions
             self.prologue_runs += 1
         return self._hoisted
 
-    def _hoisted_from(self, params: list[Any], versions: list[int]) -> bool:
-        """Whether the prologue's outputs were made from these very parameter objects at these versions."""
+    def _hoisted_from(self, params: list[Any], versions: list[tuple[int, int]]) -> bool:
+        """Whether the prologue's outputs were made from these very parameter objects at these versions and data
+        addresses."""
         if self._hoisted_for is None or versions != self._hoisted_for[1]:
             return False
         return all(ref() is param for ref, param in zip(self._hoisted_for[0], params))
