@@ -12,6 +12,14 @@ with the softmax over the depth index i, in fp32 (norm_weight None means no affi
 order is the one of DESIGN's op table; tensors cannot be keyword-only in a custom op, so `partial` and
 `norm_weight` are positional and may be None.
 
+Non-finite values. A NaN or ±inf in a value v_i (a block or the partial) makes its RMSNorm, hence its logit, NaN:
+that token's outputs are NaN for every query. One in a query makes that query's logits NaN or ±inf, one in
+norm_weight every query's. Per query and token, as torch.softmax over depth gives it: a NaN or +inf logit makes
+the output NaN, a logit of -inf weighs 0, and logits all -inf make it NaN. A value so large that its mean square
+overflows (|v| beyond ~1e19) normalizes to 0, as the unfused RMSNorm gives it. Where a logit or a product comes
+within rounding of fp32 overflow (values or queries near 3.4e38), whether it overflows depends on the order of
+operations, which differs between the paths.
+
 The CPU implementation runs, per tile of tokens, in two phases, as the block form of AttnRes does at
 inference:
   (a) `block_phase`: all S queries against all completed blocks at once — one GEMM for the logits
@@ -118,7 +126,8 @@ def block_phase(blocks: torch.Tensor, queries: torch.Tensor, norm_weight: torch.
                           values.new_zeros((*shape, d)))
     logits = _logits(values, wq_t, eps)                                   # [N, BT, S]
     top = logits.amax(dim=0)
-    weights = torch.exp(logits - top)
+    # Blocks whose logits are all -inf weigh 0 (not exp(-inf + inf) = NaN): the partial block's logit decides.
+    weights = torch.exp(logits - top.masked_fill(top == float("-inf"), 0.0))
     acc = torch.bmm(weights.permute(1, 2, 0), values.transpose(0, 1))    # [BT, S, D]
     return DepthStats(top, weights.sum(dim=0), acc)
 
