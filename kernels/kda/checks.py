@@ -1,6 +1,8 @@
 """Argument checks of `ascend_dsa::chunk_kda` and `ascend_dsa::chunk_kda_states` (kernels/kda/chunk_kda.py): ranks,
 shapes, dtypes and options (nothing that reads tensor data, so the fakes run them too), and the one check on the
 data, that the log decay g is <= 0."""
+import math
+
 import torch
 
 from npu_graph.kernels.checks import (
@@ -48,6 +50,13 @@ def validate_states(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     validate(q, k, v, g, beta, initial_state, chunk_size)
     require(0 <= num_states <= k.shape[1], f"chunk_kda_states: `num_states` counts checkpoints of the first steps "
                                            f"and must be in [0, T={k.shape[1]}]; got {num_states}")
+
+
+def check_scale(scale: float | None) -> None:
+    """`scale` multiplies q: a NaN or infinite one would make every output non-finite, as NaN or ±inf depending on
+    where the paths apply it."""
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{OP}: `scale` must be a finite number (got {scale}); None takes the default K ** -0.5")
 
 
 def checked_log_decay(g: torch.Tensor) -> torch.Tensor:
