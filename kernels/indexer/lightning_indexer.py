@@ -20,6 +20,17 @@ Visibility. sparse_mode=0: query t of batch b sees keys s < S2_b. sparse_mode=3 
 bottom right): it sees keys s <= S2_b − S1_b + t, with S1_b, S2_b the actual lengths.
 Outputs. sparse_indices int32 [B,S1,1,sparse_count]: visible key positions by descending score, padded with
 -1 when fewer than sparse_count keys are visible; sparse_values fp32, same shape: the scores, -inf on pads.
+Non-finite values. Scores follow IEEE arithmetic in fp32: ReLU keeps NaN (as torch.relu), inf · 0 is NaN (an
+infinite weight meeting a ReLU of 0, a zero query value meeting an infinite key value) and inf − inf is NaN. A
+NaN score ranks above every number, as torch.topk ranks it: a NaN in a query row or its weights makes all of its
+scores NaN, one in a key that key's scores, and NaN-scored keys are kept first. A key scoring -inf counts as
+masked: it is reported as -1 (value -inf). Keys a query does not see never reach it. When more keys score NaN (or
++inf) than sparse_count, they tie at the cut and which of them are kept is torch.topk's choice, as for keys tied
+at any score: the native kernel settles such rows with one torch.topk over the row as the eager model masks it,
+and the bf16 prefilter leaves them to the streamed top-K. Where a score's fp32 sum comes within rounding of
+overflow (|score| near 3.4e38), whether it overflows depends on the order of additions, which differs between
+the paths. Paged keys, MXFP8 inputs and the bf16 prefilter follow the same rule (a non-finite approximate score
+bounds nothing there: its key stays a candidate).
 MXFP8. query/key may be float8_e4m3fn with query_scale/key_scale of shape [..., D/32] (float8_e8m0fnu, or
 uint8 holding the biased exponent e): each group of 32 values along D is multiplied by 2^(e − 127).
 The CPU work is in kernels/indexer/topk.py (torch: streamed exact top-K, bf16 prefilter) and

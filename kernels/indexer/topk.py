@@ -118,10 +118,14 @@ def prefiltered_topk(keys: KeyReader, b: int, q_row: Tensor, w_row: Tensor, limi
     """Top-k of one bf16 query row (module docstring): at least k true scores reach τ, a value at or below
     the k-th largest lower bound A − e, so keys with A + e < τ are pruned; the rest are scored in fp32."""
     approx, margin = approx_scores(keys, b, q_row, w_row, limit)
-    tau = _kth_largest_bound(approx - margin, k)
+    # A bound that is not finite (a NaN or inf input, bf16 overflow) bounds nothing: it must not raise τ.
+    lower = (approx - margin).nan_to_num_(nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
+    tau = _kth_largest_bound(lower, k)
     upper = approx.add_(margin)
     candidates = torch.nonzero((upper >= tau) | upper.isnan()).squeeze(1)       # a NaN score ranks first
     exact = _chunk_scores(keys.float_rows(b, candidates), q_row.float().unsqueeze(0), w_row.unsqueeze(0))[0]
     top, where = exact.topk(k)
+    if top[-1].isnan():     # more NaN scores than k: which are kept is torch.topk's choice over the whole row
+        return streamed_topk(keys, b, q_row.float().unsqueeze(0), w_row.unsqueeze(0), [limit], k)
     positions = candidates[where].masked_fill(top == float("-inf"), -1)        # -inf counts as masked
     return positions.to(torch.int32).unsqueeze(0), top.unsqueeze(0)

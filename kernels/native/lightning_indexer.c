@@ -440,13 +440,14 @@ static int topk_write(const float *score, const struct topk_pair *pairs, int64_t
         val[i] = score[pairs[i].pos];
         idx[i] = val[i] == -INFINITY ? -1 : pairs[i].pos;  /* a key scoring -inf counts as masked, as in torch */
     }
-    return with_next > take && pairs[take].key == pairs[take - 1].key && isfinite(val[take - 1]);
+    return with_next > take && pairs[take].key == pairs[take - 1].key && val[take - 1] != -INFINITY;
 }
 
 /* The k largest of score[0:n], sorted descending (equal scores by position), as positions idx [k] and values
  * val [k]; positions -1 and values -inf pad the rest when n < k, and a key scoring -inf is reported as -1.
- * Returns 0; 1 when the k-th and (k+1)-th largest scores are equal and finite (which of the equal keys are kept
- * is then torch.topk's choice: the caller decides); -1 when out of memory. */
+ * Returns 0; 1 when the k-th and (k+1)-th largest scores are equal, NaN or +inf included (which of the equal keys
+ * are kept is then torch.topk's choice: the caller decides; equal -inf keys are all reported as -1 anyway); -1
+ * when out of memory. */
 int li_topk(const float *score, int64_t n, int64_t k, int32_t *idx, float *val) {
     int64_t take = k < n ? k : n, with_next = k < n ? k + 1 : n;
     if (take == 0) return topk_write(score, NULL, 0, 0, k, idx, val);
