@@ -9,6 +9,10 @@ causal (the visible keys of every query are one run from the row's start, growin
 query whose run ends at or before the start sees nothing: the padding of a left-padded prompt) and raises
 otherwise — never silently wrong. Without `windows` a start other than 0 is refused the same way.
 
+Non-finite values. In an additive mask -inf is masked, like any value <= -1e30. NaN and +inf are refused, with
+the FusedPreconditionError every mask the lengths cannot express gets (the backend then runs the graph eagerly,
+where NaN in the mask makes the attention of its query row NaN, as the model's own code gives it).
+
 Bool and fp32 additive masks are checked by a native kernel (kernels/native/causal_lengths.c: one pass over
 the mask, ~170 -> ~10 us for a decode row of 16K keys between memory-bound layers); other masks, and every
 mask without the native library, by the torch expression.
@@ -32,8 +36,9 @@ NATIVE_SOURCE = "causal_lengths"
 _NATIVE_KINDS = {(torch.bool, False): 0, (torch.float32, True): 1}     # the masks the native check reads
 _NOT_CAUSAL = ("causal_lengths: the attention mask is not right-down causal (each query must see a prefix of the "
                "keys, one more than the query before it)")
-_NOT_ADDITIVE = ("causal_lengths: an additive mask must hold 0 (visible) or a very large negative value (masked); "
-                 "this one holds other values, so it cannot become sequence lengths")
+_NOT_ADDITIVE = ("causal_lengths: the additive `mask` must hold 0 (visible) or a value <= -1e30, -inf included "
+                 "(masked); this one holds another value (NaN, +inf or a finite value in between), so it cannot "
+                 "become sequence lengths")
 
 
 def _visible(mask: Tensor, additive: bool) -> Tensor:
