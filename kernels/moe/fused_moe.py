@@ -6,7 +6,16 @@ w13 holds each expert's gate rows first, then its up rows. With e = topk_ids[t,j
 
     out[t] = sum_j topk_weights[t,j] * w2[e] @ (silu(w13[e,:I] @ x[t]) * (w13[e,I:] @ x[t]))
 
-out has x's dtype. The CPU implementation sorts the T*k (token, slot) pairs by expert once, gathers the
+out has x's dtype.
+
+Non-finite values reach, by IEEE arithmetic, the outputs of the tokens that use them and nothing else, on every
+path: a NaN or ±inf in x[t] or topk_weights[t] reaches token t's output, one in an expert's w13 or w2 the tokens
+routed to that expert (an expert no token chose is never read). silu(-inf) is NaN (-inf / inf, as F.silu gives
+it) and a routing weight 0 times an infinite expert output is NaN. Where a product or sum comes within rounding
+of overflow, whether it overflows depends on the order of additions and, for bf16/fp16, on the dtype the
+products round in, which differ between the paths.
+
+The CPU implementation sorts the T*k (token, slot) pairs by expert once, gathers the
 tokens of each active expert into one contiguous group, runs the two GEMMs per active expert on its
 whole group (a grouped matmul; experts no token chose cost nothing), scales the rows by their routing
 weight and scatters them back with one index_add_ into an fp32 accumulator. A single token (decode) skips

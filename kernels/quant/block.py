@@ -8,10 +8,14 @@ consecutive elements of the last dimension; each tile gets one fp32 scale:
     s = 2^ceil(log2 s)                     only with scale_fmt="ue8m0" (rounded up, so |x / s| <= 448 still)
     y = float8_e4m3fn(clamp(x / s, -448, 448))     round to nearest even
 
-The ue8m0 rounding is done on the fp32 bits (add 0x7FFFFF, keep the exponent), never through log2. A tile
-holding NaN or ±inf gets a NaN scale and all of its `y` set to 0, so `y` is always finite (same rule as
-`dynamic_mx_quant`). `scale` has shape [..., D / block_size] and dtype float32 in both formats: with
-"ue8m0" its values are exact powers of two, ready to be stored as E8M0.
+The ue8m0 rounding is done on the fp32 bits (add 0x7FFFFF, keep the exponent), never through log2. `scale`
+has shape [..., D / block_size] and dtype float32 in both formats: with "ue8m0" its values are exact powers
+of two, ready to be stored as E8M0.
+
+Non-finite values. A tile holding NaN or ±inf gets a NaN scale and all of its `y` set to 0, so `y` is always
+finite (the rule of `dynamic_mx_quant`); finite values up to the fp32 maximum quantize as any others.
+`dequant_block` decodes every value of a tile whose scale is NaN as NaN, an fp8 NaN code as NaN, and with an
+infinite scale gives ±inf (NaN where y is 0), as the product y · scale does.
 """
 import torch
 from torch import Tensor

@@ -9,9 +9,12 @@ Along `axis`, every `block_size` consecutive elements share one E8M0 scale (a ba
 
 `floor(log2 amax)` is read off the fp32 exponent bits of amax, never taken from a float -> e8m0 cast
 (that cast rounds to the nearest power of two). A block of zeros, or one whose shared_exp falls below
--127, gets the smallest scale 2^-127 (byte 0x00). A block holding NaN or ±inf gets the NaN scale (byte
-0xFF) and all of its `y` set to 0: OCP decodes every element of a NaN-scaled block as NaN whatever its
-bits are, so `y` stays finite and the NaN travels in the scale alone.
+-127, gets the smallest scale 2^-127 (byte 0x00).
+
+Non-finite values. A block holding NaN or ±inf gets the NaN scale (byte 0xFF) and all of its `y` set to 0:
+OCP decodes every element of a NaN-scaled block as NaN whatever its bits are, so `y` stays finite and the NaN
+travels in the scale alone; finite values up to the fp32 maximum quantize as any others. `dequant_mx` decodes
+every value of a block whose scale is 0xFF as NaN, an fp8 NaN code as NaN and an e5m2 infinity as ±inf.
 
 The scale has the shape of `x` with the `axis` dimension divided by `block_size` (dtype
 `torch.float8_e8m0fnu`). The NPU op stores the same bytes with pairs of neighbouring scales interleaved in

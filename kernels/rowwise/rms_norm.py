@@ -12,6 +12,13 @@ eager torch), returns it as the third output, and normalizes that rounded sum, s
 add_rms_norm(x1, x2, g) gives exactly rms_norm(x1 + x2, g): the fused op can replace the unfused pair
 without changing numbers beyond rms_norm's own tolerance. gamma may be x's dtype or float32.
 
+Non-finite values, as the unfused expression gives them on every path: a NaN in a row of x makes its rstd and y
+NaN; an inf (and no NaN) makes its sum of squares inf, so rstd 0 and y 0 but NaN at the infinite values (inf · 0).
+Finite rows whose sum of squares overflows fp32 (values beyond ~1e19) get rstd 0 too; whether a sum within
+rounding of the fp32 maximum overflows depends on the order of additions, which differs between the paths. A
+NaN or ±inf in gamma[i] reaches y[..., i] only (NaN where x · rstd is 0). add_rms_norm's sum follows IEEE
+(inf + -inf is NaN) and is then normalized by this rule. A NaN epsilon is refused (it must be >= 0).
+
 The CPU implementation is the native kernel (kernels/native/rms_norm.c: one pass for the sum of squares and
 one for the output per row, rows split over threads for large inputs; add_rms_norm's sum formed and normalized
 in the same pass) where kernels/native/dispatch.py measured it faster for the shape class, else torch: inputs of at

@@ -10,6 +10,12 @@ written for both members of its pair) are 4-D and broadcast to input without enl
 one float dtype; the output has input's shape, dtype and memory layout (as `torch.empty_like(input)`: an
 elementwise op keeps a dense input's dim order, e.g. a transposed query stays transposed).
 
+Non-finite values. Each output value is r1 · x + r2 · (±partner) in IEEE arithmetic, as the unfused eager
+expression computes it on every path: a NaN or ±inf in input reaches its own output and its pair partner's, one
+in r1 or r2 the outputs it multiplies (broadcast), with inf · 0 and inf − inf giving NaN. bf16 and fp16 products
+and sums round in that dtype, as eager's do, so where a sum comes within rounding of the dtype's largest value
+whether it overflows can differ from the definition's single rounding of the fp32 result.
+
 The CPU implementation does the arithmetic of the unfused form in the same order, one rounding per
 multiplication and one per addition in input's dtype, so its result equals eager
 `x1·cos − x2·sin, x2·cos + x1·sin` bit for bit. A few rows (decode): gather the pair members swapped (one
