@@ -46,6 +46,7 @@ from npu_graph.kernels.checks import (
     require_rank,
     require_same,
     static_checks_needed,
+    tensors_given,
 )
 from npu_graph.kernels.native import dispatch
 from npu_graph.kernels.native import loader as native
@@ -186,6 +187,7 @@ def _native_direct(blocks: torch.Tensor, partial: torch.Tensor | None, queries: 
 
 
 @torch.library.custom_op("ascend_dsa::attn_res", mutates_args=())
+@tensors_given
 def attn_res(blocks: torch.Tensor, partial: torch.Tensor | None, queries: torch.Tensor,
              norm_weight: torch.Tensor | None = None, *, eps: float = 1e-6) -> torch.Tensor:
     """Block AttnRes over depth; see the module docstring."""

@@ -2,7 +2,9 @@
 what was given and what is expected, so a user can fix the call without reading kernel code."""
 import contextlib
 import functools
+import inspect
 import threading
+import typing
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import torch
@@ -71,9 +73,9 @@ def require_positive(op: str, name: str, value: int) -> None:
         raise ValueError(f"{op}: `{name}` must be > 0, got {value}")
 
 
-def require_divisible(op: str, name: str, size: int, block: int) -> None:
+def require_divisible(op: str, name: str, size: int, block: int, block_name: str = "block_size") -> None:
     if size % block != 0:
-        raise ValueError(f"{op}: `{name}` size {size} is not divisible by the block size {block}; pad it to a "
+        raise ValueError(f"{op}: `{name}` size {size} is not divisible by `{block_name}`={block}; pad it to a "
                          f"multiple of {block}")
 
 
@@ -113,4 +115,31 @@ def once_per_signature(check: Callable[..., None]) -> Callable[..., None]:
                 passed.clear()
             passed.add(signature)
 
+    return checked
+
+
+def tensors_given(op: Callable[..., object]) -> Callable[..., object]:
+    """`op` (a fused op's implementation, under `torch.library.custom_op`) refusing a missing or non-tensor value
+    for a parameter annotated `Tensor`, with TypeError naming the parameter: torch's dispatcher passes None on to
+    a Python implementation, where it would surface as an AttributeError deep inside. Optional tensors are not
+    touched. Skipped inside `shapes_checked_at_trace`, like the static checks."""
+    hints = typing.get_type_hints(op)
+    names = list(inspect.signature(op).parameters)
+    required = {name for name in names if hints.get(name) is torch.Tensor}
+    positions = [(i, name) for i, name in enumerate(names) if name in required]
+
+    def refuse(name: str, value: object) -> None:
+        raise TypeError(f"{op.__name__}: `{name}` must be a tensor, got {type(value).__name__}")
+
+    @functools.wraps(op)
+    def checked(*args: object, **kwargs: object) -> object:
+        if not _STATE.trusted:
+            for i, name in positions:
+                if i < len(args) and not isinstance(args[i], torch.Tensor):
+                    refuse(name, args[i])
+            for name, value in kwargs.items():
+                if name in required and not isinstance(value, torch.Tensor):
+                    refuse(name, value)
+        return op(*args, **kwargs)
+    checked.__signature__ = inspect.signature(op, eval_str=True)    # what custom_op reads the schema from
     return checked

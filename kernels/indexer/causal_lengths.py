@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank
+from npu_graph.kernels.checks import FusedPreconditionError, require, require_rank, tensors_given
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
@@ -123,6 +123,7 @@ _PLANS = call_plans.Plans("causal_lengths")
 
 
 @torch.library.custom_op("ascend_dsa::causal_lengths", mutates_args=())
+@tensors_given
 def causal_lengths(mask: Tensor, additive: bool = False, windows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """mask [B, S1, S2] (bool: True = visible, or additive float: 0 = visible) -> (actual_seq_lengths_query,
     actual_seq_lengths_key, key_starts), int32 [B]. Raises FusedPreconditionError when the mask is not right-down

@@ -106,23 +106,23 @@ def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths
     require_same(OP, "head dim D of `query` and `key`", d, key.shape[3])
     require(n1 > 0 and d > 0, f"{OP}: `query` needs at least one head and a head dim > 0, got shape "
                               f"{tuple(query.shape)} [B,S1,N1,D]")
-    positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
-    require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "
-                                    f"returns address at most {INT32_MAX}")
     require_same(OP, "shape of `weights` and [B,S1,N1] of `query`", tuple(weights.shape), (batch, s1, n1))
     check_fp8_scale(OP, query, query_scale, "query", "query_scale", MX_SCALES)
     check_fp8_scale(OP, key, key_scale, "key", "key_scale", MX_SCALES)
     check_key_layout(OP, key, block_table, layout_key, "layout_key", batch)
+    positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
+    require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "
+                                    f"returns address at most {INT32_MAX}")
     check_lengths(OP, actual_seq_lengths_query, "actual_seq_lengths_query", batch)
     check_lengths(OP, actual_seq_lengths_key, "actual_seq_lengths_key", batch)
 
 
-def _lengths(op: str, lengths: Tensor | None, default: int, name: str) -> list[int]:
+def _lengths(op: str, lengths: Tensor | None, default: int, name: str, holder: str) -> list[int]:
     if lengths is None:
         return []
     values = [int(v) for v in lengths.tolist()]
     for b, v in enumerate(values):
-        require(0 <= v <= default, f"{op}: `{name}`[{b}]={v} is outside [0, {default}]")
+        require(0 <= v <= default, f"{op}: `{name}`[{b}]={v} is outside [0, {default}], the positions {holder}")
     return values
 
 
@@ -144,8 +144,10 @@ def sequence_lengths(op: str, query: Tensor, key: Tensor, block_table: Tensor | 
     block table checked against them."""
     batch, s1 = query.shape[:2]
     capacity = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
-    lq = _lengths(op, query_lengths, s1, "actual_seq_lengths_query") or [s1] * batch
-    lk = _lengths(op, key_lengths, capacity, key_lengths_name) or [capacity] * batch
+    holder = "of `key`" if block_table is None else \
+        f"`block_table` addresses ({block_table.shape[1]} blocks of {key.shape[1]})"
+    lq = _lengths(op, query_lengths, s1, "actual_seq_lengths_query", "of `query`") or [s1] * batch
+    lk = _lengths(op, key_lengths, capacity, key_lengths_name, holder) or [capacity] * batch
     if block_table is not None:
         _check_block_table(op, block_table, key.shape[1], key.shape[0], lk)
     return lq, lk

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import static_checks_needed
+from npu_graph.kernels.checks import static_checks_needed, tensors_given
 from npu_graph.kernels.indexer import native as lightning_indexer_native
 from npu_graph.kernels.indexer.checks import OP, check_static, sequence_lengths, visible_keys
 from npu_graph.kernels.indexer.key_windows import check_starts, has_padding, indexer_by_row
@@ -107,6 +107,7 @@ def _torch_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengt
 
 
 @torch.library.custom_op("ascend_dsa::lightning_indexer", mutates_args=())
+@tensors_given
 def lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_query: Tensor | None = None,
                       actual_seq_lengths_key: Tensor | None = None, block_table: Tensor | None = None,
                       query_scale: Tensor | None = None, key_scale: Tensor | None = None,

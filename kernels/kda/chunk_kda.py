@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from npu_graph.kernels.checks import static_checks_needed
+from npu_graph.kernels.checks import static_checks_needed, tensors_given
 from npu_graph.kernels.kda import grad as chunk_kda_grad
 from npu_graph.kernels.kda import native as chunk_kda_native
 from npu_graph.kernels.kda.checks import OP, check_scale, checked_log_decay, validate, validate_states
@@ -146,6 +146,7 @@ def _torch_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
 
 @torch.library.custom_op("ascend_dsa::chunk_kda", mutates_args=())
+@tensors_given
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               scale: float | None = None, initial_state: torch.Tensor | None = None, *,
               output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,6 +199,7 @@ def _chunk_kda_fake(q, k, v, g, beta, scale=None, initial_state=None, *, output_
 
 
 @torch.library.custom_op("ascend_dsa::chunk_kda_states", mutates_args=())
+@tensors_given
 def chunk_kda_states(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      scale: float | None = None, initial_state: torch.Tensor | None = None, *, num_states: int,
                      chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ from npu_graph.kernels.checks import (
     require_rank,
     require_same,
     static_checks_needed,
+    tensors_given,
 )
 from npu_graph.kernels.moe import fused_moe_native
 from npu_graph.kernels.native import call_plans, dispatch
@@ -175,6 +176,7 @@ def _fused_moe_cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 
 
 @torch.library.custom_op("ascend_dsa::fused_moe", mutates_args=())
+@tensors_given
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
     """Routed SwiGLU experts in one op; see the module docstring."""

@@ -40,6 +40,7 @@ from npu_graph.kernels.checks import (
     require_rank,
     require_same,
     static_checks_needed,
+    tensors_given,
 )
 from npu_graph.kernels.moe import gating_native as moe_gating_native
 from npu_graph.kernels.native import call_plans, dispatch
@@ -58,7 +59,7 @@ def _validate(x: torch.Tensor, k: int, bias: torch.Tensor | None, k_group: int, 
         require_rank(OP, "bias", bias, 1)
         require_same(OP, "size of `bias` and the expert count E of `x` [T,E]", bias.shape[0], experts)
     require_positive(OP, "group_count", group_count)
-    require_divisible(OP, "x (expert count E)", experts, group_count)
+    require_divisible(OP, "x (expert count E)", experts, group_count, "group_count")
     require(1 <= k_group <= group_count, f"{OP}: `k_group`={k_group} must be in [1, group_count={group_count}]")
     limit = experts // group_count * k_group
     require(1 <= k <= limit, f"{OP}: `k`={k} must be in [1, E / group_count * k_group = {limit}]")
@@ -110,6 +111,7 @@ def reference_moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | Non
                                norm_type: int = 1, out_flag: bool = False, routed_scaling_factor: float = 1.0,
                                eps: float = 1e-20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Brute force, one token at a time, with Python sorting over groups and experts."""
+    _validate(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type)
     check_bias_values(bias)
     norm = _normalize(x, norm_type)
     score = norm + (0 if bias is None else bias.float())
@@ -204,6 +206,7 @@ _PLANS = call_plans.Plans(OP)
 
 
 @torch.library.custom_op("ascend_dsa::moe_gating_top_k", mutates_args=())
+@tensors_given
 def moe_gating_top_k(x: torch.Tensor, k: int, bias: torch.Tensor | None = None, *, k_group: int = 1,
                      group_count: int = 1, group_select_mode: int = 0, renorm: int = 0, norm_type: int = 1,
                      out_flag: bool = False, routed_scaling_factor: float = 1.0,

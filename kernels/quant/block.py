@@ -20,7 +20,14 @@ infinite scale gives ±inf (NaN where y is 0), as the product y · scale does.
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import require, require_choice, require_divisible, require_dtype, require_positive
+from npu_graph.kernels.checks import (
+    require,
+    require_choice,
+    require_divisible,
+    require_dtype,
+    require_positive,
+    tensors_given,
+)
 from npu_graph.kernels.quant.mx import FLOAT_DTYPES, chunk_bounds, decode_fp8_scaled
 
 FP8 = torch.float8_e4m3fn
@@ -67,6 +74,7 @@ def _quant_run(xb: Tensor, y: Tensor, scale: Tensor, ue8m0: bool) -> None:
 
 
 @torch.library.custom_op("ascend_dsa::dynamic_block_quant", mutates_args=())
+@tensors_given
 def dynamic_block_quant(x: Tensor, *, block_size: int = 128, scale_fmt: str = "fp32") -> tuple[Tensor, Tensor]:
     """Quantize `x` per `block_size` tile of its last dimension: returns (y float8_e4m3fn, scale fp32)."""
     _check_quant(x, block_size, scale_fmt)
@@ -114,6 +122,7 @@ def _check_dequant(y: Tensor, scale: Tensor, block_size: int, dst_type: torch.dt
 
 
 @torch.library.custom_op("ascend_dsa::dequant_block", mutates_args=())
+@tensors_given
 def dequant_block(y: Tensor, scale: Tensor, *, block_size: int = 128,
                   dst_type: torch.dtype = torch.float32) -> Tensor:
     """Inverse of dynamic_block_quant: y * scale per tile, computed in fp32, returned in dst_type."""

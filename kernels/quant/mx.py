@@ -28,7 +28,14 @@ import math
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import require, require_choice, require_divisible, require_dtype, require_positive
+from npu_graph.kernels.checks import (
+    require,
+    require_choice,
+    require_divisible,
+    require_dtype,
+    require_positive,
+    tensors_given,
+)
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FP8_EMAX = {torch.float8_e4m3fn: 8, torch.float8_e5m2: 15}
@@ -64,7 +71,7 @@ def _check_quant(op: str, x: Tensor, axis: int, block_size: int, dst_type: torch
     require_choice(op, "dst_type", dst_type, tuple(FP8_MAX))
     require_positive(op, "block_size", block_size)
     axis = normalize_axis(op, axis, x.dim())
-    require_divisible(op, f"x.shape[{axis}]", x.shape[axis], block_size)
+    require_divisible(op, f"x.shape[{axis}] (`axis`={axis})", x.shape[axis], block_size)
     return axis
 
 
@@ -94,6 +101,7 @@ def _quant_run(xb: Tensor, y: Tensor, scale_bits: Tensor, dst_type: torch.dtype)
 
 
 @torch.library.custom_op("ascend_dsa::dynamic_mx_quant", mutates_args=())
+@tensors_given
 def dynamic_mx_quant(x: Tensor, *, axis: int = -1, block_size: int = 32,
                      dst_type: torch.dtype = torch.float8_e4m3fn) -> tuple[Tensor, Tensor]:
     """MX-quantize `x` along `axis`: returns (y in dst_type, scale float8_e8m0fnu)."""
@@ -175,7 +183,7 @@ def _check_dequant(y: Tensor, scale: Tensor, axis: int, block_size: int, dst_typ
     require_choice(op, "dst_type", dst_type, FLOAT_DTYPES)
     require_positive(op, "block_size", block_size)
     axis = normalize_axis(op, axis, y.dim())
-    require_divisible(op, f"y.shape[{axis}]", y.shape[axis], block_size)
+    require_divisible(op, f"y.shape[{axis}] (`axis`={axis})", y.shape[axis], block_size)
     expected = mx_scale_shape(y.shape, axis, block_size)
     require(list(scale.shape) == expected,
             f"{op}: `scale` has shape {tuple(scale.shape)}; expected {tuple(expected)} for `y` of shape "
@@ -184,6 +192,7 @@ def _check_dequant(y: Tensor, scale: Tensor, axis: int, block_size: int, dst_typ
 
 
 @torch.library.custom_op("ascend_dsa::dequant_mx", mutates_args=())
+@tensors_given
 def dequant_mx(y: Tensor, scale: Tensor, *, axis: int = -1, block_size: int = 32,
                dst_type: torch.dtype = torch.float32) -> Tensor:
     """Inverse of dynamic_mx_quant: y * 2^(scale - 127), computed in fp32, returned in dst_type."""

@@ -34,7 +34,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import once_per_signature, require, require_dtype, require_same, static_checks_needed
+from npu_graph.kernels.checks import (
+    once_per_signature,
+    require,
+    require_dtype,
+    require_same,
+    static_checks_needed,
+    tensors_given,
+)
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
@@ -51,13 +58,13 @@ def _rstd_shape(x_shape: torch.Size, gamma_dim: int) -> list[int]:
 
 
 @once_per_signature
-def _check(op: str, x: Tensor, gamma: Tensor, epsilon: float) -> None:
-    require_dtype(op, "x", x, FLOAT_DTYPES)
+def _check(op: str, x: Tensor, gamma: Tensor, epsilon: float, x_name: str = "x") -> None:
+    require_dtype(op, x_name, x, FLOAT_DTYPES)
     require_dtype(op, "gamma", gamma, dict.fromkeys((x.dtype, torch.float32)))
     require(1 <= gamma.dim() <= x.dim(), f"{op}: `gamma` must have rank 1..{x.dim()} (the normalized trailing "
-                                         f"dimensions of x), got shape {tuple(gamma.shape)}")
+                                         f"dimensions of `{x_name}`), got shape {tuple(gamma.shape)}")
     require(tuple(x.shape[x.dim() - gamma.dim():]) == tuple(gamma.shape),
-            f"{op}: `gamma` of shape {tuple(gamma.shape)} must equal the trailing dimensions of x "
+            f"{op}: `gamma` of shape {tuple(gamma.shape)} must equal the trailing dimensions of `{x_name}` "
             f"{tuple(x.shape)}")
     require(gamma.numel() > 0, f"{op}: `gamma` of shape {tuple(gamma.shape)} is empty; there is nothing to normalize")
     require(epsilon >= 0, f"{op}: `epsilon` must be >= 0, got {epsilon}")
@@ -270,6 +277,7 @@ def _add_rms_norm_rows(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) ->
 
 
 @torch.library.custom_op("ascend_dsa::rms_norm", mutates_args=())
+@tensors_given
 def rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     """RMSNorm over gamma's trailing dimensions: returns (y in x's dtype, rstd fp32 with those dims as 1)."""
     if static_checks_needed():
@@ -292,12 +300,13 @@ def reference_rms_norm(x: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple
 
 
 def _check_add(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float) -> None:
-    _check("add_rms_norm", x1, gamma, epsilon)
+    _check("add_rms_norm", x1, gamma, epsilon, "x1")
     require_same("add_rms_norm", "dtypes of `x1` and `x2`", x1.dtype, x2.dtype)
     require_same("add_rms_norm", "shapes of `x1` and `x2`", tuple(x1.shape), tuple(x2.shape))
 
 
 @torch.library.custom_op("ascend_dsa::add_rms_norm", mutates_args=())
+@tensors_given
 def add_rms_norm(x1: Tensor, x2: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
     """x = x1 + x2, then RMSNorm of x: returns (y, rstd, x)."""
     if static_checks_needed():

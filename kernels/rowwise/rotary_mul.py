@@ -39,6 +39,7 @@ from npu_graph.kernels.checks import (
     require_rank,
     require_same,
     static_checks_needed,
+    tensors_given,
 )
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.native import loader as native
@@ -140,6 +141,7 @@ _PLANS = call_plans.Plans(OP)
 
 
 @torch.library.custom_op("ascend_dsa::rotary_mul", mutates_args=())
+@tensors_given
 def rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> Tensor:
     """RoPE: r1 · input + r2 · rotate(input); see the module docstring."""
     if static_checks_needed():

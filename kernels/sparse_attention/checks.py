@@ -74,7 +74,7 @@ def check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
     require(query.shape[3] > 0, f"{OP}: the head dim Dl of `query` and `key` must be > 0, got shape "
                                 f"{tuple(query.shape)}")
     require_same(OP, "shapes of `value` and `key`", tuple(value.shape), tuple(key.shape))
-    require_same(OP, "leading dims of `sparse_indices` and [B,S1,1]", tuple(sparse_indices.shape[:3]),
+    require_same(OP, "leading dims of `sparse_indices` and [B,S1,1] of `query`", tuple(sparse_indices.shape[:3]),
                  (batch, s1, 1))
     require(sparse_indices.shape[3] > 0, f"{OP}: `sparse_indices` selects no keys (last dim is 0)")
     _check_rope(query, key, query_rope, key_rope)

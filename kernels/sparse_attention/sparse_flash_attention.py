@@ -48,7 +48,7 @@ import functools
 import torch
 from torch import Tensor
 
-from npu_graph.kernels.checks import static_checks_needed
+from npu_graph.kernels.checks import static_checks_needed, tensors_given
 from npu_graph.kernels.indexer.checks import sequence_lengths
 from npu_graph.kernels.indexer.key_windows import check_start_values, check_starts, drop_padding, has_padding
 from npu_graph.kernels.native import call_plans, dispatch
@@ -93,6 +93,7 @@ _PLANS = call_plans.Plans(OP)
 
 
 @torch.library.custom_op("ascend_dsa::sparse_flash_attention", mutates_args=())
+@tensors_given
 def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
                            block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
                            actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,

@@ -127,7 +127,7 @@ def test_round_trip_error_is_within_half_ulp(values, scale_fmt):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"block_size": 128}, "not divisible by the block size 128"),
+    ({"block_size": 128}, "not divisible by `block_size`=128"),
     ({"scale_fmt": "e8m0"}, "scale_fmt"),
     ({"block_size": -1}, "block_size"),
 ])

@@ -131,7 +131,7 @@ def test_compiles_fullgraph_dynamic():
 @pytest.mark.parametrize(("args", "kwargs", "match"), [
     ((torch.randn(4, 16, 1), 2), {}, "`x` must have rank 2"),
     ((torch.randn(4, 16), 2, torch.randn(15)), {}, "size of `bias`"),
-    ((torch.randn(4, 16), 2), {"group_count": 3}, "not divisible by the block size 3"),
+    ((torch.randn(4, 16), 2), {"group_count": 3}, "not divisible by `group_count`=3"),
     ((torch.randn(4, 16), 2), {"group_count": 4, "k_group": 5}, r"`k_group`=5 must be in \[1, group_count=4\]"),
     ((torch.randn(4, 16), 9), {"group_count": 4, "k_group": 2}, r"`k`=9 must be in \[1, .* = 8\]"),
     ((torch.randn(4, 16), 0), {}, "`k`=0"),

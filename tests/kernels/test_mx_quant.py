@@ -191,7 +191,7 @@ def test_quantizing_a_dequantized_tensor_changes_nothing(values, dst_type):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"block_size": 32}, "not divisible by the block size 32"),
+    ({"block_size": 32}, "not divisible by `block_size`=32"),
     ({"axis": 2}, "out of range"),
     ({"dst_type": torch.int8}, "dst_type"),
     ({"block_size": 0}, "block_size"),
