@@ -16,6 +16,14 @@ least MIN_QUERIES query rows, no mask, no dropout, unit stride along the head di
 kernel for everything else (and when the library is not built or ASCEND_DSA_NATIVE=0 when the graph is built).
 Outputs have torch's layouts (out like q, logsumexp [B, H, L] over a [B, L, H] buffer) and agree with torch's
 kernel to fp32 rounding (another summation order and exp); causal attention is top-left aligned, as torch's.
+
+Non-finite values. Both kernels follow IEEE arithmetic: a NaN or +inf logit makes its row's output NaN and its
+logsumexp NaN or +inf (as torch's kernel gives it), a -inf logit weighs 0 (a row whose every logit is -inf:
+output 0 and logsumexp 0, torch's kernel's convention), and a NaN or inf value row reaches
+every output that weighs it. One difference is documented rather than removed: a key or value row that a causal
+query cannot see never touches that query in the native kernel, while torch's kernel multiplies whole blocks of
+keys and carries a NaN in a masked row into the earlier queries of its block (torch's math path, into all of
+them): the native kernel's NaNs are a subset of torch's.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ NAME = "_ascend_dsa_dense_attention"
 _CALL = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
 _aten_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _F32 = torch.float32
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)     # what torch's kernel computes in
 _Strides = ctypes.c_int64 * 3
 
 
@@ -56,20 +65,29 @@ def _typed(lib: ctypes.CDLL) -> Callable[..., int]:
     return native_prototypes.typed(lib, NATIVE_SOURCE, "da_attention")
 
 
-def _checked(query: Tensor, key: Tensor, value: Tensor) -> None:
+def _checked(query: Tensor, key: Tensor, value: Tensor, is_causal: object) -> None:
     """What torch's CPU flash kernel assumes and does not check (a zero head count or a query head count that is
     not a multiple of the key's ends the process with SIGFPE, or reads out of bounds): ValueError naming the
     argument instead."""
     name = "_scaled_dot_product_flash_attention_for_cpu"
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"{name}: `is_causal` must be a bool, got {is_causal!r}")
     for arg, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: `{arg}` must be a tensor, got {t!r}")
         if t.dim() != 4:
             raise ValueError(f"{name}: `{arg}` must be 4-D [batch, heads, length, head dim], got {tuple(t.shape)}")
-    (batch, hq, _, dk), (kb, hk, lk, kd), (vb, hv, lv, _) = query.shape, key.shape, value.shape
+    (batch, hq, _, dk), (kb, hk, lk, kd), (vb, hv, lv, vd) = query.shape, key.shape, value.shape
+    for arg, t in (("query", query), ("key", key), ("value", value)):
+        if t.dtype not in _DTYPES or t.dtype != query.dtype:
+            raise ValueError(f"{name}: `{arg}` has dtype {t.dtype}; query, key and value must share one of "
+                             f"{', '.join(map(str, _DTYPES))}")
     if (kb, vb) != (batch, batch) or hv != hk or lv != lk:
         raise ValueError(f"{name}: `key` {tuple(key.shape)} and `value` {tuple(value.shape)} must share batch, heads "
                          f"and length, with the batch of `query` {tuple(query.shape)}")
-    if kd != dk:
-        raise ValueError(f"{name}: `key`'s head dim {kd} differs from `query`'s {dk}")
+    if kd != dk or vd != dk:
+        raise ValueError(f"{name}: `key`'s head dim {kd} and `value`'s {vd} must equal `query`'s {dk} (pad a "
+                         f"narrower value with zeros)")
     if (hk == 0 and hq != 0) or (hk and hq % hk):
         raise ValueError(f"{name}: `query`'s {hq} heads must be a multiple of `key`'s {hk} "
                          f"(grouped-query attention)")
@@ -80,7 +98,7 @@ def _aten(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, is_causal
     """torch's kernel, called only with what it handles: checked shapes (`_checked`), rows with unit stride along
     the head dim (its results are wrong otherwise) and no empty dimension (zero query or key length ends the process
     with SIGFPE). Empty attention is SDPA's: output 0, logsumexp -inf where no key exists."""
-    _checked(query, key, value)
+    _checked(query, key, value, is_causal)
     (batch, hq, lq, _), lk, dv = query.shape, key.shape[2], value.shape[3]
     if 0 in (batch, hq, lq, lk):
         return (query.new_zeros(batch, hq, lq, dv),
@@ -89,8 +107,9 @@ def _aten(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, is_causal
     return _aten_flash(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 
-def _takes(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, attn_mask: Tensor | None) -> bool:
-    if attn_mask is not None or dropout_p != 0.0 or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+def _takes(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, attn_mask: Tensor | None, is_causal: object) -> bool:
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)) or attn_mask is not None \
+            or dropout_p != 0.0 or q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not isinstance(is_causal, bool):
         return False
     (batch, hq, lq, dk), (_, hk, lk, _) = q.shape, k.shape
     return (all(x.dtype is _F32 and x.is_cpu and x.stride(3) == 1 for x in (q, k, v))
@@ -121,7 +140,7 @@ def _flash(kernel: Callable[..., int], query: Tensor, key: Tensor, value: Tensor
         done = _native(kernel, query, key, value, is_causal, scale)
         return aten() if done is None else done
 
-    if not _takes(query, key, value, dropout_p, attn_mask):
+    if not _takes(query, key, value, dropout_p, attn_mask, is_causal):
         return aten()
     cls = dispatch.shape_class(*query.shape, key.shape[1], key.shape[2], value.shape[3], is_causal)
     return dispatch.run("dense_attention", NATIVE_SOURCE, cls, native_or_aten, aten)

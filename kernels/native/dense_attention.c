@@ -193,10 +193,15 @@ static void write_rows(const struct attention_args *a, const struct packed *p, i
     for (int r = 0; r < rows; r++) {
         float *out = a->out + b * a->out_stride[0] + h * a->out_stride[1] + (i0 + r) * a->out_stride[2];
         const float *o = (const float *)(st->o + r * MAX_DV_VECTORS);
+        float *lse = a->lse + b * a->lse_stride[0] + h * a->lse_stride[1] + (i0 + r) * a->lse_stride[2];
+        if (st->m[r] == -INFINITY && st->l[r] == 0.0f) {    /* every logit -inf (no NaN): 0 and lse 0, as torch */
+            for (int64_t c = 0; c < a->dv; c++) out[c] = 0.0f;
+            *lse = 0.0f;
+            continue;
+        }
         float inv = 1.0f / st->l[r], tail = st->l[r] != st->l[r] ? st->l[r] : 0.0f;
         for (int64_t c = 0; c < a->dv; c++) out[c] = c < p->dv_used ? o[c] * inv : tail;
-        a->lse[b * a->lse_stride[0] + h * a->lse_stride[1] + (i0 + r) * a->lse_stride[2]] =
-            (st->m[r] + log2f(st->l[r])) * LN2;
+        *lse = st->m[r] == INFINITY ? INFINITY : (st->m[r] + log2f(st->l[r])) * LN2;    /* a +inf logit: torch's */
     }
 }
 

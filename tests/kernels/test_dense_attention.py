@@ -88,7 +88,7 @@ def test_nan_rows_are_nan_in_every_column(monkeypatch):
     assert not out[0, 0].isnan().any() and not out[0, 1, 11].isnan().any()
 
 
-@pytest.mark.parametrize("case", ["mask", "dropout", "float64", "head dim 64", "few queries", "grad", "v dim"])
+@pytest.mark.parametrize("case", ["mask", "dropout", "float64", "head dim 64", "few queries", "grad"])
 def test_other_calls_take_torch_kernel(case, monkeypatch):
     q, k, v = random_qkv((1, 2, 64, 16), (1, 2, 64, 16), seed=1)
     kwargs, dropout = {}, 0.0
@@ -104,8 +104,6 @@ def test_other_calls_take_torch_kernel(case, monkeypatch):
         q = q[:, :, :5]
     elif case == "grad":
         q.requires_grad_(True)
-    elif case == "v dim":
-        v = v[..., :8]
     calls = []
     monkeypatch.setattr(dense_attention, "_aten_flash", lambda *a, **kw: calls.append(a) or "torch")
     assert dense_attention.flash_attention_for_cpu(q, k, v, dropout, False, **kwargs) == "torch" and calls

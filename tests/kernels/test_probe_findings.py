@@ -149,7 +149,7 @@ def test_dense_attention_empty_lengths_return_sdpa_results(q_len, k_len):
 @pytest.mark.parametrize("shapes,message", [
     (((1, 4, 3, 24), (1, 3, 5, 24), (1, 3, 5, 24)), "4 heads must be a multiple of `key`'s 3"),
     (((1, 2, 3, 24), (1, 0, 5, 24), (1, 0, 5, 24)), "2 heads must be a multiple of `key`'s 0"),
-    (((1, 2, 3, 24), (1, 2, 5, 16), (1, 2, 5, 24)), "`key`'s head dim 16 differs"),
+    (((1, 2, 3, 24), (1, 2, 5, 16), (1, 2, 5, 24)), "`key`'s head dim 16 and `value`'s 24 must equal `query`'s 24"),
     (((1, 2, 3, 24), (1, 2, 5, 24), (1, 2, 6, 24)), "must share batch, heads and length"),
     (((2, 2, 3, 24), (1, 2, 5, 24), (1, 2, 5, 24)), "must share batch, heads and length"),
     (((2, 3, 24),), "`query` must be 4-D"),
