@@ -1,6 +1,7 @@
 """The native kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (ASCEND_DSA_NATIVE_CFLAGS, into a
-fresh ASCEND_DSA_NATIVE_DIR) under the fuzz program and the native kernel tests, in a subprocess whose Python has
-the sanitizer runtimes preloaded: any out-of-bounds access or undefined behaviour aborts it. Slow (~5 min)."""
+fresh ASCEND_DSA_NATIVE_DIR) under the fuzz program, the bad-input probe and the native kernel tests (the
+call-sequence fuzzer among them), in a subprocess whose Python has the sanitizer runtimes preloaded: any
+out-of-bounds access or undefined behaviour aborts it. Slow (~10 min)."""
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-om
 NATIVE_TESTS = ["test_bad_inputs.py", "test_indexer_native.py", "test_indexer_threads.py", "test_sfa_native.py",
                 "test_kda_native.py", "test_dense_attention.py", "test_depthwise_conv1d.py", "test_skinny_mm.py",
                 "test_rms_norm.py", "test_attn_res.py", "test_moe_gating.py", "test_causal_lengths.py",
-                "test_rotary_mul.py", "test_fused_moe.py"]
+                "test_rotary_mul.py", "test_fused_moe.py", "test_call_sequences.py"]
 
 
 def _runtimes() -> list[str]:
@@ -71,3 +72,13 @@ def test_native_kernel_tests_under_sanitizers(tmp_path):
                            *(str(HERE / name) for name in NATIVE_TESTS)], capture_output=True, text=True, env=env,
                           timeout=3000, cwd=HERE.parent.parent)
     _check(done, "native kernel tests")
+
+
+@pytest.mark.slow
+def test_bad_input_probe_under_sanitizers(tmp_path):
+    """Spoiled calls reach the kernels' edges (empty, strided, out-of-range): a sanitizer report ends its worker,
+    which the probe records as a crash."""
+    env = _sanitized_env(tmp_path, LEVELS[-1])
+    done = subprocess.run([sys.executable, str(HERE / "bad_input_probe.py"), "--every", "3", "--paths", LEVELS[-1]],
+                          capture_output=True, text=True, env=env, timeout=3000, cwd=HERE)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
