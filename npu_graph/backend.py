@@ -134,19 +134,14 @@ class Backend:
                 dump_matches_entry(reports[0], sink["graphs"][0].source, found.source)
             elif decision == "miss":
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
-                if artifact is not None and self._glue_pending(sink):
-                    # stored once the graph's background glue compile lands, with the glue that then runs; at exit
-                    # with the Python glue if the compile never started (the graph ran once)
+                decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
+                if decision == "miss" and self._glue_pending(sink):
+                    # stored now with the Python glue, while this process holds the entry's lease, so that other
+                    # processes waiting for it load it; replaced by the glue that then runs once it lands
                     upgrade = sink["graphs"][0].glue_upgrade
                     upgrade.on_landed.append(
                         lambda landed: self._store_landed(found, example_inputs, artifact, landed, reports))
-                    upgrade.at_exit_unstarted.append(lambda: self._store(
-                        found, example_inputs, artifact, reports, "stored at exit with the Python glue: the graph "
-                        "ran once, so its background glue compile never started"))
-                    reason = (f"{reason}; stored once the background glue compile lands (at exit with the Python glue "
-                              "if the graph runs only once)")
-                else:
-                    decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
+                    reason = f"{reason}; replaced once the background glue compile lands"
             origin = f"loaded from cache entry {found.key[:12]}" if decision == "hit" else f"compiled, cache {decision}"
             for report, graph in zip(reports, sink["graphs"]):
                 report.cache, report.cache_reason = decision, reason
@@ -166,17 +161,19 @@ class Backend:
 
     def _store(self, found: Lookup, example_inputs: list[Any], artifact: Artifact | None,
                reports: list[GraphReport], reason: str, runtime: dict[str, Any] | None = None) -> tuple[str, str]:
-        """Store a compiled miss (or record why not: `reason`); the cache decision and reason. `runtime` replaces
-        the report's runtime settings in the entry's summary."""
+        """Store a compiled miss (or record why not: `reason`); the cache decision and reason. `runtime` (the
+        code that runs once a background glue compile landed) replaces the report's runtime settings in the
+        entry's summary, and the entry stored before."""
         summary = {k: v for k, v in reports[0].to_json().items() if k not in ("cache", "cache_reason")}
         if runtime is not None:
             summary["runtime"] = runtime
-        return self.cache.store(found, example_inputs, artifact, summary, reason), reason
+        replace = runtime is not None
+        return self.cache.store(found, example_inputs, artifact, summary, reason, replace=replace), reason
 
     def _store_landed(self, found: Lookup, example_inputs: list[Any], artifact: Artifact, upgrade: GlueUpgrade,
                       reports: list[GraphReport]) -> None:
-        """Store a miss whose background glue compile has landed (on the worker's thread), with the code the graph
-        runs from its next call on."""
+        """Store again a miss whose background glue compile has landed (on the worker's thread), with the code the
+        graph runs from its next call on."""
         runtime = {**reports[0].extra.get("runtime", {}), "glue_reason": upgrade.reason}
         if (ready := upgrade.ready) is not None:
             try:

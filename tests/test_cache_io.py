@@ -1,14 +1,9 @@
-"""The compile cache and the dumps against their surroundings: where the cache lives (XDG_CACHE_HOME), waiting
-for another process's entry lock (a status line, a timeout naming the holder), and a full disk (one warning,
-compilation goes on)."""
+"""The compile cache and the dumps against their surroundings: where the cache lives (XDG_CACHE_HOME) and a full
+disk (one warning, compilation goes on). Waiting for another process's entry: tests/test_cache_lease.py."""
 import errno
 import logging
 import os
-import threading
-import time
-import warnings
 
-import pytest
 import torch
 from cache_helpers import Net, compile_once, isolated_key, one_cache_warning
 
@@ -32,34 +27,6 @@ def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
     assert default_root() == str(tmp_path / "home" / ".cache" / "ascend_dsa")
     monkeypatch.setenv("ASCEND_DSA_CACHE_DIR", str(tmp_path / "explicit"))
     assert default_root() == str(tmp_path / "explicit")
-
-
-def test_a_held_entry_lock_is_waited_for_with_a_status_line_naming_the_holder(tmp_path, capfd):
-    disk = DiskCache(str(tmp_path), lock_timeout=30)
-    held = disk._take_entry_lock(KEY)  # another open file description: flock makes this process wait on it
-    threading.Timer(0.3, os.close, [held]).start()
-    start = time.monotonic()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with disk.lock(KEY):
-            waited = time.monotonic() - start
-    assert 0.2 < waited < 10
-    assert f"waiting for process {os.getpid()}, which is compiling the same graph" in capfd.readouterr().err
-
-
-def test_a_lock_held_past_the_timeout_warns_once_naming_the_pid_and_compiling_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASCEND_DSA_CACHE_LOCK_TIMEOUT", "0.2")
-    disk = DiskCache(str(tmp_path))
-    held = disk._take_entry_lock(KEY)
-    try:
-        with one_cache_warning(rf"waited 0.2 s for the lock of entry {KEY[:12]}, held by process {os.getpid()}; "
-                               r"compiling this graph without waiting"), disk.lock(KEY):
-            pass
-    finally:
-        os.close(held)
-    monkeypatch.setenv("ASCEND_DSA_CACHE_LOCK_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="ASCEND_DSA_CACHE_LOCK_TIMEOUT='soon' is not a number of seconds"):
-        DiskCache(str(tmp_path))
 
 
 def disk_full(*args, **kwargs):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from npu_graph.cache.folder import CorruptEntry
+from npu_graph.cache.folder import CorruptEntry, EntryGone
 from npu_graph.tools.units import format_size, parse_age, parse_size
 
 if TYPE_CHECKING:  # the cache modules import torch: only the commands that run import them
@@ -104,6 +104,8 @@ def _verify(disk: DiskCache, args: argparse.Namespace) -> Outcome:
         try:
             disk.read_meta(key)
             good += 1
+        except EntryGone:       # removed by a process using the cache meanwhile
+            continue
         except CorruptEntry as exc:
             bad.append({"key": key, "problem": str(exc), "quarantined": disk.quarantine(key)})
     result = {"ok": good, "quarantined": bad, "ignored": disk.unknown_names()}

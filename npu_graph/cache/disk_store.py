@@ -3,7 +3,7 @@
 Layout under the root (ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa, else ~/.cache/ascend_dsa, as the
 native kernels' build cache picks its folder), entry schema version in the path:
     v2/entries/<key>/       one entry (npu_graph.cache.folder: compiled.py, constants, meta.json, tag)
-    v2/locks/<key>.lock     one lock per entry, held while compiling it (it holds the holder's pid)
+    v2/locks/<key>.lease    the lease of the process compiling an entry (host, pid, heartbeat), across hosts
     v2/tmp/                 entries being written (renamed into entries/ when complete)
     v2/quarantine/          entries that failed a check, moved aside
     v2/stats.json           cumulative counters
@@ -14,8 +14,9 @@ hashes) before any of its code runs; an entry that fails is quarantined with one
 in entries/ that are not keys (a `.DS_Store`) are ignored.
 A cache that cannot be written (a read-only mount, a container image) still serves hits and writes nothing;
 the first write that fails (a full disk too) gives one warning, and graphs compiled after it are not stored.
-A process that finds an entry's lock held waits for it with a status line on stderr naming the holder's pid, for
-at most ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600), then warns and compiles the graph itself.
+A process that finds an entry's lease held (npu_graph.cache.locks) sleeps with a status line on stderr naming the
+holder's host and pid until the entry is stored, or the lease is given up or goes stale (its holder died or
+hung), for at most ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600); then it warns and compiles the graph itself.
 """
 from __future__ import annotations
 
@@ -34,8 +35,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from npu_graph.cache.entry import Artifact, artifact_files, artifact_from, artifact_record
-from npu_graph.cache.folder import META, SCHEMA, CorruptEntry, EntryBytes, read_folder, verify_entry, write_entry
-from npu_graph.cache.locks import CacheWarning, lock_timeout_from_env, take_entry_lock
+from npu_graph.cache.folder import (
+    META,
+    SCHEMA,
+    CorruptEntry,
+    EntryBytes,
+    EntryGone,
+    read_folder,
+    verify_entry,
+    write_entry,
+)
+from npu_graph.cache.lease import Lease
+from npu_graph.cache.locks import CacheWarning, lease_stale_from_env, lock_timeout_from_env, take_entry_lease
 from npu_graph.cache.trust import (
     UntrustedPath,
     check_private_dir,
@@ -48,6 +59,17 @@ from npu_graph.cache.trust import (
 _COUNTERS = {"hit": "hits", "miss": "misses", "bypass": "bypasses", "store": "stores"}
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a folder, None when it is gone: a replaced entry is another folder."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def default_root() -> str:
     """ASCEND_DSA_CACHE_DIR, else $XDG_CACHE_HOME/ascend_dsa (an absolute XDG_CACHE_HOME: the XDG spec says to
     ignore a relative one), else ~/.cache/ascend_dsa."""
@@ -67,9 +89,10 @@ class DiskCache:
     a missing tree is an empty cache, and a missing key leaves every entry unverifiable (`key_problem`)."""
 
     def __init__(self, root: str | None = None, max_size: int = 2 << 30, create: bool = True,
-                 lock_timeout: float | None = None):
+                 lock_timeout: float | None = None, lease_stale: float | None = None):
         self.root = os.path.abspath(root or default_root())
         self.lock_timeout = lock_timeout_from_env() if lock_timeout is None else lock_timeout
+        self.lease_stale = lease_stale_from_env() if lease_stale is None else lease_stale
         self.base = os.path.join(os.path.realpath(self.root), SCHEMA)
         self.max_size = max_size
         self.read_only: str | None = None
@@ -155,34 +178,51 @@ class DiskCache:
             fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
-    def _take_entry_lock(self, key: str) -> int | None:
-        """The entry's lock, flocked (npu_graph.cache.locks); None when another process held it too long."""
-        return take_entry_lock(self._path("locks", key + ".lock"), key, self.lock_timeout)
+    def lease_path(self, key: str) -> str:
+        return self._path("locks", self.entry_dir(key).rsplit(os.sep, 1)[-1] + ".lease")
+
+    def take_lease(self, key: str) -> Lease | None:
+        """The entry's lease (npu_graph.cache.locks), or None: the entry was stored meanwhile, or another process
+        held the lease past `lock_timeout`."""
+        return take_entry_lease(self.lease_path(key), key, self.lock_timeout,
+                                lambda: os.path.lexists(self.entry_dir(key)), self.lease_stale)
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-entry lock (fcntl), so concurrent processes compile an entry once. When the lock file
-        cannot be made, the cache is read-only from then on (one warning) and this holds no lock; when another
-        process holds it past `lock_timeout`, this holds none either (one warning: storing stays safe, as
-        entries are renamed into place whole)."""
-        fd = None
+        """While compiling entry `key`: its lease, so that processes sharing the cache, on any host, compile it
+        once; returns at once when the entry was stored meanwhile. When the lease cannot be written, the cache is
+        read-only from then on (one warning) and this holds none; when another process holds it past
+        `lock_timeout`, this holds none either (one warning: storing stays safe, as entries are renamed into
+        place whole)."""
+        lease = None
         if self.read_only is None:
             try:
-                fd = self._take_entry_lock(key)
+                lease = self.take_lease(key)
             except OSError as exc:
                 self.cannot_write(exc)
         try:
             yield
         finally:
-            if fd is not None:
-                os.close(fd)  # releases the flock
+            if lease is not None:
+                lease.release()
 
     def read_entry(self, key: str) -> tuple[dict[str, Any], EntryBytes]:
-        """The entry's meta.json and contents after every check (npu_graph.cache.folder); raises CorruptEntry."""
+        """The entry's meta.json and contents after every check (npu_graph.cache.folder); raises CorruptEntry
+        (EntryGone when the entry is gone). An entry replaced while it was read (store's `replace`) is read again."""
         if self.key is None:
             raise CorruptEntry(self.key_problem)
-        entry = read_folder(self.entry_dir(key))
-        return verify_entry(key, entry, [self.key]), entry
+        folder = self.entry_dir(key)
+        while True:
+            before = _folder_id(folder)
+            try:
+                entry = read_folder(folder)
+                return verify_entry(key, entry, [self.key]), entry
+            except CorruptEntry:
+                after = _folder_id(folder)
+                if after is None:
+                    raise EntryGone("the entry was removed while it was read") from None
+                if after == before:
+                    raise
 
     def read_meta(self, key: str) -> dict[str, Any]:
         return self.read_entry(key)[0]
@@ -194,6 +234,8 @@ class DiskCache:
         try:
             meta, entry = self.read_entry(key)
             artifact = artifact_from(meta, entry.files)
+        except EntryGone:
+            return None
         except CorruptEntry as exc:
             self.reject(key, str(exc))
             return None
@@ -222,9 +264,10 @@ class DiskCache:
             return False
         return True
 
-    def store(self, key: str, artifact: Artifact, meta: dict[str, Any]) -> int:
+    def store(self, key: str, artifact: Artifact, meta: dict[str, Any], replace: bool = False) -> int:
         """Write the entry atomically; returns its size in bytes (0 when another process stored it first, or
-        when the cache cannot be written: then one warning, the first time)."""
+        when the cache cannot be written: then one warning, the first time). With `replace`, an entry already
+        there is replaced (renamed aside, then the new one renamed into place: a reader sees one or the other)."""
         if self.read_only is not None or self.key is None:
             return 0
         full = {**meta, "created": time.time(), "artifact": artifact_record(artifact), "summary": artifact.summary}
@@ -235,6 +278,8 @@ class DiskCache:
             return 0
         try:
             size = write_entry(tmp, key, artifact_files(artifact), full, self.key)
+            if replace:
+                self._retire(key)
             os.rename(tmp, self.entry_dir(key))
             return size
         except OSError as exc:
@@ -243,6 +288,15 @@ class DiskCache:
             return 0
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _retire(self, key: str) -> None:
+        """Move entry `key` out of entries/ and delete it (nothing when there is none)."""
+        aside = self._path("tmp", f"{key[:12]}-retired-{time.time_ns()}")
+        try:
+            os.rename(self.entry_dir(key), aside)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(aside, ignore_errors=True)
 
     def record(self, event: str, reason: str | None = None, nbytes: int = 0) -> None:
         """Add one event (hit, miss, bypass, store) to the counters in stats.json. Best effort: a cache that

@@ -29,6 +29,10 @@ class CorruptEntry(Exception):
     or a file or folder that is a link, not ours, or writable by others."""
 
 
+class EntryGone(CorruptEntry):
+    """The entry was removed while it was read (pruned, cleared, or replaced and its old folder deleted)."""
+
+
 @dataclass
 class EntryBytes:
     """An entry's contents as read (from a folder or an archive), not yet verified."""

@@ -1,82 +1,102 @@
-"""Per-entry cache locks: an exclusive flock on `locks/<key>.lock` holding the holder's pid, and the bounded wait
-(ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds, 600 by default) of a process that finds it held."""
+"""One compiler per cache entry across processes and hosts: take the entry's lease (npu_graph.cache.lease), or wait
+for its holder, sleeping between looks, until the entry is stored, the lease is free or stale, or
+ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600) pass. A lease is stale when its heartbeat has not changed for
+ASCEND_DSA_CACHE_LEASE_STALE seconds (20; its holder renews it 5 times in that span), or at once when its holder
+was a process of this machine that has ended."""
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import time
 import warnings
+from collections.abc import Callable
 
+from npu_graph.cache.lease import Holder, Lease, break_lease, read_holder, try_take
 from npu_graph.observe import progress
 
 LOCK_TIMEOUT_ENV = "ASCEND_DSA_CACHE_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
-_LOCK_POLL_S = 0.1
+LEASE_STALE_ENV = "ASCEND_DSA_CACHE_LEASE_STALE"
+DEFAULT_LEASE_STALE_S = 20.0
+_FIRST_LOOK_S, _LONGEST_SLEEP_S = 0.02, 0.5     # a waiter's sleeps between looks grow from one to the other
 
 
 class CacheWarning(UserWarning):
     """The cache refused or repaired something; compilation goes on without it."""
 
 
-def _try_flock(fd: int) -> bool:
-    """Take the exclusive flock without blocking; False while another process holds it. A file system without
-    flock counts as taken (renames still keep entries whole)."""
+def _seconds_from_env(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        pass
-    return True
-
-
-def _lock_holder(fd: int) -> str:
-    """The pid the lock's holder wrote into the lock file, as text."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return text if text.isdigit() else "(pid unknown)"
+        value = float(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r} must be a positive number of seconds")
+    return value
 
 
 def lock_timeout_from_env() -> float:
-    """Seconds to wait for another process's entry lock: ASCEND_DSA_CACHE_LOCK_TIMEOUT, else 600."""
-    text = os.environ.get(LOCK_TIMEOUT_ENV, "")
-    try:
-        return float(text) if text else DEFAULT_LOCK_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    """Seconds to wait for another process's entry: ASCEND_DSA_CACHE_LOCK_TIMEOUT, else 600."""
+    return _seconds_from_env(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
 
 
-def _wait_for_lock(fd: int, key: str, timeout: float) -> bool:
-    """Poll the lock until it is ours (True) or `timeout` passes (False, one warning naming the holder); a status
-    line on stderr says whom this process waits for."""
-    with progress.step(f"waiting for process {_lock_holder(fd)}, which is compiling the same graph "
-                         f"(cache entry {key[:12]})"):
-        deadline = time.monotonic() + timeout
-        while not _try_flock(fd):
+def lease_stale_from_env() -> float:
+    """Seconds without a heartbeat after which a lease is stale: ASCEND_DSA_CACHE_LEASE_STALE, else 20."""
+    return _seconds_from_env(LEASE_STALE_ENV, DEFAULT_LEASE_STALE_S)
+
+
+class _Watch:
+    """What a waiter has seen of a lease: its content, and since when (this process's clock) it is unchanged."""
+
+    def __init__(self) -> None:
+        self.seen: bytes | None = None
+        self.since = time.monotonic()
+
+    def stale(self, holder: Holder, stale_s: float) -> bool:
+        now = time.monotonic()
+        if holder.raw != self.seen:
+            self.seen, self.since = holder.raw, now
+        return holder.gone() or now - self.since >= stale_s
+
+
+def _timed_out(key: str, timeout: float, holder: Holder) -> None:
+    warnings.warn(f"ascend_dsa cache: waited {timeout:g} s for the lock of entry {key[:12]}, held by "
+                  f"{holder.describe()}; compiling this graph without waiting for it (set {LOCK_TIMEOUT_ENV} to "
+                  f"wait longer)", CacheWarning, stacklevel=4)
+
+
+def _wait(path: str, key: str, timeout: float, stale_s: float, done: Callable[[], bool],
+          holder: Holder) -> Lease | None:
+    """Sleep until the entry is stored (None), the lease is ours, or `timeout` passes (None, one warning)."""
+    deadline, sleep, watch = time.monotonic() + timeout, _FIRST_LOOK_S, _Watch()
+    with progress.step(f"waiting for {holder.describe()}, which is compiling the same graph (cache entry "
+                       f"{key[:12]})"):
+        while True:
+            if done():
+                return None
+            current = read_holder(path)
+            if current is None or watch.stale(current, stale_s):
+                if current is not None:
+                    break_lease(path, current)
+                lease = try_take(path, timeout, min(2.0, stale_s / 5))
+                if lease is not None:
+                    return lease
+                continue
             if time.monotonic() >= deadline:
-                warnings.warn(f"ascend_dsa cache: waited {timeout:g} s for the lock of entry {key[:12]}, held by "
-                              f"process {_lock_holder(fd)}; compiling this graph without waiting for it (set "
-                              f"{LOCK_TIMEOUT_ENV} to wait longer)", CacheWarning, stacklevel=3)
-                return False
-            time.sleep(_LOCK_POLL_S)
-    return True
+                _timed_out(key, timeout, current)
+                return None
+            time.sleep(min(sleep, max(deadline - time.monotonic(), 0.0)))
+            sleep = min(sleep * 2, _LONGEST_SLEEP_S)
 
 
-def take_entry_lock(path: str, key: str, timeout: float) -> int | None:
-    """The entry's lock file at `path`, flocked, with this process's pid written in it for the processes that
-    wait; None when another process held it past `timeout`."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        if not _try_flock(fd) and not _wait_for_lock(fd, key, timeout):
-            os.close(fd)
-            return None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def take_entry_lease(path: str, key: str, timeout: float, done: Callable[[], bool],
+                     stale_s: float | None = None) -> Lease | None:
+    """The entry's lease at `path`, held by this process (renewed until released, for at most `timeout`
+    seconds); None when `done()` says the entry was stored meanwhile, or when another process held the lease past
+    `timeout` (one warning naming it). Raises OSError when the locks folder cannot be written."""
+    stale_s = lease_stale_from_env() if stale_s is None else stale_s
+    while (lease := try_take(path, timeout, min(2.0, stale_s / 5))) is None:
+        holder = read_holder(path)
+        if holder is not None:      # else released just now: take it
+            return _wait(path, key, timeout, stale_s, done, holder)
+    return lease

@@ -130,16 +130,18 @@ class CompileCache:
         self._record("hit")
         return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source)
 
-    def store(self, lookup: Lookup, example_inputs: list[Any],
-              artifact: Artifact | None, summary: dict[str, Any], reason: str) -> str:
-        """Store a freshly compiled miss; returns the final cache decision ("miss" or "bypass")."""
+    def store(self, lookup: Lookup, example_inputs: list[Any], artifact: Artifact | None, summary: dict[str, Any],
+              reason: str, replace: bool = False) -> str:
+        """Store a freshly compiled miss, or with `replace` the same graph's code that runs from now on in place of
+        what was stored; returns the final cache decision ("miss" or "bypass")."""
         if artifact is None:
             self._record("bypass", reason)
             return "bypass"
-        artifact.summary = summary
+        artifact = dataclasses.replace(artifact, summary=summary)
         meta = {"versions": versions(), "config": self.config.to_dict(), "inputs": len(example_inputs)}
-        size = self.disk.store(lookup.key, artifact, meta)
-        self._record("miss")
+        size = self.disk.store(lookup.key, artifact, meta, replace=replace)
+        if not replace:
+            self._record("miss")
         if size:
             self._record("store", nbytes=size)
             self.disk.prune()

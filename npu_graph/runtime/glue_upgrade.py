@@ -15,14 +15,11 @@ graph: `s6 + 1 <= 4096`) are checked by the graph itself (npu_graph.runtime.size
 where they hold, the Python glue, valid for every input Dynamo admits, elsewhere; a guard the graph cannot check
 keeps the Python glue, and the reason says so. A graph that cannot be pickled or compiled keeps it too. The
 worker is killed when the process exits: a compile that has not landed by then is dropped (nothing half-built is
-stored). A graph whose compile never started — it ran once in this process — has its `at_exit_unstarted` hooks run
-at exit (`run_exit_hooks`): the compile cache stores it with the Python glue that ran, so a script that calls its
-compiled model once starts warm the next time.
+stored). The compile cache stores such a graph at once with its Python glue, and again (replacing it) from the
+`on_landed` hooks with the glue that runs once the compile lands.
 """
 from __future__ import annotations
 
-import atexit
-import os
 import threading
 import time
 import warnings
@@ -85,21 +82,6 @@ def wait_all(timeout: float | None = None) -> bool:
     return True
 
 
-def run_exit_hooks() -> None:
-    """Run (once) the `at_exit_unstarted` hooks of every graph whose background compile never started (module
-    docstring); registered with atexit. A hook that fails is reported and the others still run."""
-    for upgrade in list(_PENDING):
-        hooks, upgrade.at_exit_unstarted = upgrade.at_exit_unstarted, []
-        for hook in hooks if not upgrade.started and upgrade.pid == os.getpid() else ():    # not a forked copy's
-            try:
-                hook()
-            except Exception as exc:     # the process is exiting: the entry is only not stored
-                warnings.warn(f"ascend_dsa: at exit: {type(exc).__name__}: {exc}", stacklevel=1)
-
-
-atexit.register(run_exit_hooks)
-
-
 class GlueUpgrade:
     """One graph's background Inductor compile: `start` it, poll `finished`, then read `ready` (what the graph's
     `prepare` gave for the assembled source: the worker's thread runs it; None when the Python glue stays) and
@@ -117,8 +99,6 @@ class GlueUpgrade:
         self.guard: Callable[[list[Any]], bool] | None = None
         self._sources: dict[str, list[Any]] = {}
         self.on_landed: list[Callable[[GlueUpgrade], None]] = []     # run on the worker's thread (the cache's store)
-        self.at_exit_unstarted: list[Callable[[], None]] = []         # run at exit if the compile never started
-        self.pid = os.getpid()                                         # ... in the process that compiled the graph
         self._done = threading.Event()
         _PENDING.add(self)                   # complete before wait_all can see it
         glue_worker.WORKER.warm()            # its start overlaps the rest of the first call
