@@ -11,8 +11,10 @@
 - ep_quant.py: dynamic per-token int8 quantization of dispatched rows.
 - ep_layer.py, ep_shard.py: expert-parallel MoE modules and `shard_experts(model, ep_group)`.
 - ep_placement.py: which experts each EP rank holds: contiguous blocks, or packed by observed loads (EPLB-style).
-- launch.py: spawn a run of ranks with a timeout; a failing or dying rank fails it with a clear error.
-- rank_process.py: one launched rank: its process in a session of its own (killed with all it started).
+- launch.py: run a function on the ranks of one machine through torch.distributed.elastic's launcher, with a
+  deadline; a failing or dying rank fails the run with an error naming it (rank_failures.py).
+- rank_process.py: one launched rank: its process in a session of its own (killed with all it started), and the
+  files it leaves in the run's folder.
 """
 from npu_graph.parallel.cp_attention import cp_sparse_attention
 from npu_graph.parallel.cp_dsa import cp_dsa_prefill
@@ -23,7 +25,8 @@ from npu_graph.parallel.ep_placement import balanced_placement, record_expert_lo
 from npu_graph.parallel.ep_shard import EPLayer, shard_experts
 from npu_graph.parallel.groups import ParallelGroups, group_size_rank, init_cp_tp, init_parallel
 from npu_graph.parallel.kda_split import kda_split
-from npu_graph.parallel.launch import DistributedLaunchError, default_backend, launch
+from npu_graph.parallel.launch import default_backend, launch
+from npu_graph.parallel.rank_failures import DistributedLaunchError
 from npu_graph.parallel.zigzag import zigzag_restore, zigzag_split
 
 __all__ = [

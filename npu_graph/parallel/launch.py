@@ -1,46 +1,59 @@
-"""Spawn a distributed run on one machine and collect every rank's result, failing fast and clearly.
+"""Run a function on the ranks of one torch.distributed process group on this machine, through
+torch.distributed.elastic, and collect every rank's result, failing fast and clearly.
 
-`launch(fn, world_size)` starts `world_size` fresh processes ('spawn'), joins them into one
-`torch.distributed` process group (gloo on CPU; HCCL where torch_npu is present) through a file store in a
-private temporary folder (no port to race for), calls `fn(*args)` in each and returns the results in rank
-order. Results travel back as `torch.save` bytes, so they may hold tensors.
+`launch(fn, world_size)` is a thin layer over the elastic launcher API (`LaunchConfig` / `elastic_launch`, the
+machinery `torchrun` runs): the elastic agent runs in the calling process, holds a c10d rendezvous on a free
+local port, spawns `world_size` workers ('spawn'), gives them the environment `init_process_group("env://")`
+reads, and records a failing worker's exception in its error file (`errors.record`). Each worker runs
+`rank_process.rank_main`, which joins the group (gloo on CPU; HCCL where torch_npu is present), calls
+`fn(*args)` and returns the result as `torch.save` bytes; results come back in rank order.
 
-No hang: the parent never waits without a deadline. It fails with `DistributedLaunchError` naming the rank
-as soon as one raises (its traceback included) or ends without reporting a result (`os._exit`, even with
-status 0, a crash, a kill), and after `timeout_s` seconds in all, counting start-up. A survivor's collective
-often fails first, on the connection the dead rank dropped: the dead rank is then named as the cause.
-The same `timeout_s` is the process group's own collective timeout, so a rank left alone also gives up.
+What this layer adds to the agent:
+- The failing rank named with its traceback: a rank that raises (SystemExit too), ends without a result
+  (`os._exit`, even with status 0), is killed or crashes (a segmentation fault: the Python stacks faulthandler
+  wrote are included) fails the run with `DistributedLaunchError` naming it; a survivor's collective often fails
+  first, on the connection the dead rank dropped, and the dead rank is then named as the cause (rank_failures.py).
+- A deadline: after `timeout_s` seconds in all, counting start-up, every rank is stopped and the error names the
+  ranks that had not finished. The same `timeout_s` is the process group's collective timeout.
+- Nothing left running: each rank leads a session of its own, and when the run ends, however it ends, every
+  rank's process group is killed: the processes it started, unless one moved itself to a session or group of
+  its own (`start_new_session=True`, `os.setsid`).
+- A function or argument that cannot be pickled is refused before any rank starts.
+The agent's own logging is kept quiet (the error says what happened) and the signal handlers it installs in
+the calling process are put back afterwards.
 
-No process left behind: each rank leads a session of its own (rank_process.py), and when the run ends,
-however it ends, every rank is killed together with its process group: the processes it started, unless
-one moved itself to a group of its own (`start_new_session=True`, `os.setsid`).
-A function or argument that cannot be pickled is refused before any rank starts.
+Across machines, start the ranks with `torchrun` instead (README "Distributed").
 """
 from __future__ import annotations
 
+import contextlib
 import io
-import multiprocessing as mp
+import logging
+import multiprocessing
 import os
+import pickle
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from multiprocessing import connection
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from npu_graph.parallel.rank_process import RankProcess, RunSpec
+from npu_graph.parallel.rank_failures import DistributedLaunchError, run_error
+from npu_graph.parallel.rank_process import ExitWatch, RunFolder, rank_main
 
-# Longest wait between checks. A rank's exit is also polled for because a process it forked may hold its
-# exit sentinel and report pipe open after it died.
-_POLL_S = 0.1
-_GRACE_S = 0.5     # after a rank's exception, time for a peer's death (its likely cause) to show
-
-
-class DistributedLaunchError(RuntimeError):
-    """A rank of a launched run failed, died, or the run went past its timeout."""
+_POLL_S = 0.05          # how often the run's folder and the deadline are looked at
+_GRACE_S = 0.5          # after a rank failed, time for its peers to fail on their own (or the rank to end)
+_SHUTDOWN_S = 1         # the agent's wait between SIGTERM and SIGKILL when it stops the ranks
+_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def default_backend() -> str:
@@ -57,66 +70,100 @@ def _check_importable(fn: Callable[..., Any]) -> None:
                          f"fresh 'spawn' processes, cannot import: define fn in a module file and import it")
 
 
-def _wait_any_exit(ranks: list[RankProcess], seconds: float) -> None:
-    """Wait up to `seconds` until one of `ranks` has exited."""
-    deadline = time.monotonic() + seconds
-    while ranks and not any(rank.exited() for rank in ranks):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        connection.wait([rank.process.sentinel for rank in ranks], min(left, _POLL_S))
+def _pickled(fn: Callable[..., Any], args: tuple) -> bytes:
+    try:
+        return pickle.dumps((fn, args))
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"launch: fn and args must be pickled to reach the ranks, which are fresh 'spawn' processes, "
+            f"but {type(error).__name__}: {error}. Define fn at module level in an importable module "
+            f"(not a lambda or a local function) and pass picklable args") from error
 
 
-def _first_failed(ranks: list[RankProcess]) -> RankProcess | None:
-    """The rank that raised first (reports from several ranks can arrive together)."""
-    failed = [rank for rank in ranks if rank.failure is not None]
-    return min(failed, key=lambda rank: rank.report.at) if failed else None
+class _Run:
+    """One launch's folder and its monitor thread: it watches each rank's end, stops every rank at the deadline
+    or shortly after one ended without a result, and kills every rank's process group at the end."""
+
+    def __init__(self, world_size: int, timeout_s: float) -> None:
+        self.folder = RunFolder(tempfile.mkdtemp(prefix="ascend_dsa_launch_"), world_size)
+        self.timeout_s, self.deadline = timeout_s, time.monotonic() + timeout_s
+        self.watch, self.timed_out = ExitWatch(), False
+        self.stopped_at: float | None = None     # time.time() when this launcher stopped the ranks
+        self._before = set(multiprocessing.active_children())
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._run, name="ascend-dsa launch monitor", daemon=True)
+
+    def __enter__(self) -> _Run:
+        self._monitor.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._monitor.join()
+        self.kill_all()
+        shutil.rmtree(self.folder.path, ignore_errors=True)
+
+    def _run(self) -> None:
+        failed_at = None
+        while not self._stop.wait(_POLL_S):
+            for rank, pid in self.folder.pids().items():
+                self.watch.watch(rank, pid)
+            if failed_at is None and self._a_rank_failed():
+                failed_at = time.monotonic()     # its peers may wait for it, or it may not end by itself
+            if time.monotonic() >= self.deadline:
+                self.timed_out = True
+            if self.timed_out or (failed_at is not None and time.monotonic() - failed_at > _GRACE_S):
+                self.stopped_at = self.stopped_at or time.time()
+                self.kill_all()
+
+    def _a_rank_failed(self) -> bool:
+        """Whether a rank raised, or ended without a result."""
+        ranks = range(self.folder.world_size)
+        return any(self.folder.failure(rank) is not None for rank in ranks) or any(
+            not self.folder.done(rank) for rank in self.watch.exits)
+
+    def kill_all(self) -> None:
+        """SIGKILL every rank's process group, and every worker that has not yet become a session leader."""
+        for pid in self.folder.pids().values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for child in set(multiprocessing.active_children()) - self._before:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child.pid, signal.SIGKILL)
 
 
-def _death_error(dead: RankProcess, ranks: list[RankProcess]) -> DistributedLaunchError:
-    text = f"{dead.death()}; the other ranks were stopped"
-    failed = _first_failed(ranks)
-    if failed is not None:
-        text += f"\nrank {failed.index} then failed:\n{failed.failure}"
-    return DistributedLaunchError(text)
+@contextlib.contextmanager
+def _agent_in_this_process() -> Iterator[None]:
+    """Keep the elastic agent's logging quiet and put back the signal handlers and the environment variable it
+    sets in this process."""
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"))]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in _SIGNALS.split(","))} if main else {}
+    environment = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if environment is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = environment
 
 
-def _failure_error(failed: RankProcess, ranks: list[RankProcess]) -> DistributedLaunchError:
-    """A rank's exception, unless a peer died meanwhile: that death is then the likely cause."""
-    others = [rank for rank in ranks if rank.report is None]
-    _wait_any_exit(others, _GRACE_S)
-    dead = [rank for rank in others if rank.died()]
-    if dead:
-        return _death_error(dead[0], ranks)
-    return DistributedLaunchError(f"rank {failed.index} raised an exception; the other ranks were stopped:\n"
-                                  f"{failed.failure}")
-
-
-def _timeout_error(waiting: list[RankProcess], timeout_s: float) -> DistributedLaunchError:
-    text = (f"distributed run timed out after {timeout_s:g} s: ranks {[rank.index for rank in waiting]} "
-            f"did not finish")
-    starting = [rank.index for rank in waiting if not rank.started]
-    if starting:
-        text += f" (ranks {starting} were still starting up)"
-    return DistributedLaunchError(text + "; raise timeout_s if the work needs longer")
-
-
-def _collect(ranks: list[RankProcess], deadline: float, timeout_s: float) -> list[Any]:
-    while waiting := [rank for rank in ranks if rank.report is None]:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _timeout_error(waiting, timeout_s)
-        connection.wait([rank.reader for rank in waiting] + [rank.process.sentinel for rank in waiting],
-                        min(remaining, _POLL_S))
-        dead = [rank for rank in waiting if rank.died()]
-        if dead:
-            raise _death_error(dead[0], ranks)
-        for rank in waiting:
-            rank.receive()
-        failed = _first_failed(waiting)
-        if failed is not None:
-            raise _failure_error(failed, ranks)
-    return [torch.load(io.BytesIO(rank.report.payload), weights_only=False) for rank in ranks]
+def _config(world_size: int, folder: str, timeout_s: float) -> LaunchConfig:
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=f"ascend-dsa-{uuid.uuid4().hex}",
+                        role="rank", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
+                        rdzv_configs={"is_host": True, "timeout": max(int(timeout_s), 1)}, max_restarts=0,
+                        monitor_interval=_POLL_S, start_method="spawn", shutdown_timeout=_SHUTDOWN_S,
+                        local_addr="127.0.0.1", signals_to_handle=_SIGNALS,
+                        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(folder, "logs")))
 
 
 def launch(fn: Callable[..., Any], world_size: int, *, args: tuple = (), timeout_s: float = 120.0,
@@ -133,17 +180,15 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: tuple = (), timeout
     if timeout_s <= 0:
         raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s}")
     _check_importable(fn)
-    deadline = time.monotonic() + timeout_s
-    store_dir = tempfile.mkdtemp(prefix="ascend_dsa_launch_")
-    spec = RunSpec(fn, args, world_size, "file://" + os.path.join(store_dir, "store"),
-                   backend or default_backend(), timeout_s)
-    context = mp.get_context("spawn")
-    ranks: list[RankProcess] = []
-    try:
-        for index in range(world_size):
-            ranks.append(RankProcess.start(context, spec, index))
-        return _collect(ranks, deadline, timeout_s)
-    finally:
-        for rank in ranks:
-            rank.kill()
-        shutil.rmtree(store_dir, ignore_errors=True)
+    payload = _pickled(fn, args)
+    with _Run(world_size, timeout_s) as run, _agent_in_this_process():
+        config = _config(world_size, str(run.folder.path), timeout_s)
+        try:
+            results = elastic_launch(config, rank_main)(payload, str(run.folder.path), backend or default_backend(),
+                                                       timeout_s)
+        except ChildFailedError as error:
+            raise run_error(run, error.failures) from None
+        except Exception as error:
+            raise DistributedLaunchError(f"the elastic agent could not run the ranks: {type(error).__name__}: "
+                                         f"{error}") from error
+    return [torch.load(io.BytesIO(results[rank]), weights_only=False) for rank in range(world_size)]

@@ -2,6 +2,7 @@
 process, then end early, die, raise or hang while the other ranks wait for them in a barrier."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -38,6 +39,8 @@ def misbehave(culprit: int, how: str, record_dir: str) -> int:
             os._exit(3)
         if how == "SIGKILL":
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "segfault":
+            ctypes.string_at(0)
         if how == "raise":
             raise ValueError("rank failure injected by the test")
         time.sleep(3600)

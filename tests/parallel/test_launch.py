@@ -1,6 +1,7 @@
-"""npu_graph.parallel.launch on real processes: every way a rank can end early is reported within the
-timeout and names that rank, a function that cannot reach the ranks is refused before any starts, and no
-rank nor any process a rank started outlives launch.
+"""npu_graph.parallel.launch (torch.distributed.elastic's launcher underneath) on real processes: every way a
+rank can end early is reported within the timeout and names that rank (a crash with the stacks faulthandler
+wrote), a function that cannot reach the ranks is refused before any starts, and no rank nor any process a rank
+started outlives launch.
 
 Each rank starts a sleeping child that inherits all its descriptors; the tests check that it is gone.
 Starting two ranks takes ~5-10 s on two busy cores, so the rarer endings are slow-marked.
@@ -67,6 +68,8 @@ ENDINGS = [  # (how the last rank ends, world size, what the error says about it
                  marks=pytest.mark.slow),
     pytest.param("raise", 2, r"(?s)rank 1 raised an exception.*rank failure injected", id="raise",
                  marks=pytest.mark.slow),
+    pytest.param("segfault", 2, r"(?s)rank 1 died \(killed by SIGSEGV\) before reporting a result\n.*Segmentation "
+                 r"fault.*in misbehave", id="segfault", marks=pytest.mark.slow),
 ]
 
 
