@@ -109,10 +109,11 @@ class Backend:
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
         with self.cache.lookup(gm, example_inputs) as found:
-            if found.decision == "hit" and self.config.target == "cpu" and self.config.cpu.glue != "python":
-                # a process served from the cache: the check a later entry with Inductor's glue needs overlaps the
-                # tracing of the graphs before it (a compile starts it where its lowering picks Inductor's glue,
-                # after the native builds its first graph waits for)
+            if found.decision == "hit" and found.summary.get("runtime", {}).get("glue") == "inductor":
+                # a process served from the cache: the check an entry with Inductor's glue needs overlaps the tracing
+                # of the graphs after it (a compile starts it where its lowering picks Inductor's glue, after the
+                # native builds its first graph waits for); a process whose entries all run their Python glue (a
+                # fleet's ranks loading what one of them just compiled) never pays for it
                 inductor_glue.warm_vec_isa()
             if found.decision == "hit" and not self.config.debug.graph_dump.path:
                 report = GraphReport.from_summary(name, found.summary, cache="hit")

@@ -28,6 +28,7 @@ SUITES = {
     "generate": "npu_graph.tools.bench_generate",
     "spec": "npu_graph.tools.bench_spec",
     "ep": "npu_graph.tools.bench_ep",
+    "fleet": "npu_graph.tools.bench_fleet",
 }
 
 

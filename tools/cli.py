@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(transformers generate(): prefill ms, decode tokens/s, cold first call, recompiles), spec "
                        "(speculative vs plain greedy decoding of the reference model, k = 1..4), ep (MoE expert "
                        "parallelism: bytes per token, per-rank load, per-rank expert memory, one MoE layer at EP=2 "
-                       "vs one process on two gloo ranks)")
+                       "vs one process on two gloo ranks), fleet (4 ranks under torchrun, 2 simulated nodes, cold "
+                       "on one shared compile cache vs one rank alone: first-output seconds, compile CPU-seconds, "
+                       "outputs equal)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")

@@ -132,9 +132,10 @@ def warm_vec_isa() -> None:
     compile that needs it: started with the first graph, it overlaps the tracing of the next ones. With the test
     libraries on disk it still loads each in a subprocess (~1.2 s on that machine), which a process whose graphs
     come from the compile cache pays when it loads the first one with Inductor's glue (tiny deepseek_v32's
-    symbolic decode graph, the third): the backend starts the check at its first cache hit, so that it overlaps
-    Dynamo's tracing of the graphs before; a compile starts it where its lowering picks Inductor's glue. The list
-    is what Inductor computes for itself (the user's own Inductor compiles use it too)."""
+    symbolic decode graph, the third): the backend starts the check at its first cache hit on an entry with
+    Inductor's glue (a warm cache's prefill graph too), so that it overlaps Dynamo's tracing of the graphs after;
+    a compile starts it where its lowering picks Inductor's glue. The list is what Inductor computes for itself
+    (the user's own Inductor compiles use it too)."""
     if not _VEC_ISA_CHECK:
         _VEC_ISA_CHECK.append(threading.Thread(target=_check_vec_isa, name="ascend-dsa-vec-isa", daemon=True))
         _VEC_ISA_CHECK[0].start()

@@ -245,10 +245,16 @@ def test_a_symbolic_graph_of_few_calls_compiles_in_the_background(tmp_path, wort
     assert glue_upgrade.wait_all(timeout=600)
 
 
-@pytest.mark.parametrize("glue,starts", [("auto", True), ("python", False)])
-def test_a_cache_hit_starts_the_vec_isa_check(tmp_path, monkeypatch, glue, starts):
-    """A warm process loads its graphs from the cache: the check Inductor's glue needs overlaps the tracing."""
-    _run(_backend(tmp_path, cpu_glue=glue))
+@pytest.mark.parametrize("glue,worth,starts", [("auto", True, True), ("auto", False, False), ("python", True, False)])
+def test_a_hit_on_inductors_glue_starts_the_vec_isa_check(tmp_path, monkeypatch, glue, worth, starts):
+    """A warm process loads its graphs from the cache: the check an entry with Inductor's glue needs overlaps the
+    tracing; entries that run their Python glue do not start it."""
+    if worth:
+        monkeypatch.setattr(inductor_glue, "MIN_GLUE_NODES", 1)
+    compiled = torch.compile(_norm_chain, backend=_backend(tmp_path, cpu_glue=glue))
+    with torch.no_grad():
+        compiled(*ARGS)
+        compiled(*ARGS)                                     # the glue compile starts at a second call
     glue_upgrade.wait_all(timeout=600)
     started = []
     monkeypatch.setattr(inductor_glue, "warm_vec_isa", lambda: started.append(True))

@@ -1,0 +1,118 @@
+"""`ascend-dsa bench fleet`: ranks starting cold on one shared compile cache, against one rank alone.
+
+The fleet is 4 ranks, 2 simulated nodes × 2 processes: two torchrun invocations against one c10d rendezvous
+endpoint on this host, every rank with the same compile cache and Inductor cache, both empty. Each rank compiles
+the tiny reference model and answers a prompt of its own (tools/fleet_rank.py); the lone process, on caches of its
+own, empty too, answers every rank's prompt. Before both, one process fills the native kernels' build folder and
+dispatch measurements (a one-time cost per machine, not per graph). Every process runs one thread (torchrun's
+default for several processes per node), so CPU-seconds compare.
+
+Reported: per rank, the wall seconds to its first output, the CPU-seconds of its first call and the part of them
+inside the backend (the rest is Dynamo's tracing of the model, which every rank does itself) and its cache
+decisions; `fleet_compile_cpu_s`, the sum of the ranks' first-call CPU-seconds, against `single_rank_compile_s`,
+the lone process's; `outputs_equal`: every rank's output equals the lone process's for that prompt, bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from npu_graph.observe import progress
+from npu_graph.tools import fleet_rank
+
+NODES, PER_NODE = 2, 2
+TIMEOUT_S = 1800
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment(root: Path, name: str) -> dict[str, str]:
+    """Empty compile and Inductor caches of their own; one thread; no status lines."""
+    return dict(os.environ, ASCEND_DSA_CACHE_DIR=str(root / name / "cache"), OMP_NUM_THREADS="1",
+                TORCHINDUCTOR_CACHE_DIR=str(root / name / "inductor"), ASCEND_DSA_PROGRESS="0")
+
+
+def _wait(procs: list[subprocess.Popen], logs: list[Path], what: str) -> None:
+    try:
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    if any(codes):
+        tail = "\n".join(log.read_text()[-1500:] for log in logs)
+        raise RuntimeError(f"bench fleet: the {what} failed (exit codes {codes}):\n{tail}")
+
+
+def _single(root: Path, name: str, prompts: int) -> None:
+    out = root / name
+    out.mkdir(parents=True)
+    log = out / "log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, fleet_rank.__file__, str(out), str(prompts)],
+                                env=_environment(root, name), stdout=f, stderr=subprocess.STDOUT)
+    _wait([proc], [log], f"{name} process")
+
+
+def _fleet(root: Path) -> None:
+    out = root / "fleet"
+    out.mkdir(parents=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node",
+               str(PER_NODE), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+               "--rdzv-id", "ascend-dsa-bench-fleet", "--max-restarts", "0", fleet_rank.__file__, str(out), "1"]
+    logs = [out / f"node{node}.log" for node in range(NODES)]
+    procs = []
+    for log in logs:
+        with log.open("w") as f:
+            procs.append(subprocess.Popen(command, env=_environment(root, "fleet"), stdout=f,
+                                          stderr=subprocess.STDOUT))
+    _wait(procs, logs, "torchrun fleet")
+
+
+def _read(folder: Path, name: str) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:
+    return json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    ranks = NODES * PER_NODE
+    root = Path(tempfile.mkdtemp(prefix="ascend_dsa_bench_fleet_"))
+    with progress.step("native kernels and dispatch measurements, once for the machine", "bench fleet"):
+        _single(root, "prepare", 1)
+    with progress.step("one rank alone, cold", "bench fleet"):
+        _single(root, "single", ranks)
+    with progress.step(f"{ranks} ranks (2 simulated nodes × {PER_NODE}) under torchrun, cold on one cache",
+                       "bench fleet"):
+        _fleet(root)
+    single, single_out = _read(root / "single", "single")
+    rows, equal = [{"case": "one rank alone", **_figures(single)}], True
+    for rank in range(ranks):
+        figures, out = _read(root / "fleet", f"rank{rank}")
+        rows.append({"case": f"fleet rank {rank} (node {rank // PER_NODE})", **_figures(figures)})
+        equal = equal and torch.equal(out[rank], single_out[rank])
+    fleet_cpu = sum(row["compile_cpu_s"] for row in rows[1:])
+    return {"suite": "fleet", "ranks": ranks, "single_rank_compile_s": single["compile_cpu_s"],
+            "single_rank_first_output_s": single["first_output_s"], "fleet_compile_cpu_s": fleet_cpu,
+            "fleet_over_single": fleet_cpu / single["compile_cpu_s"], "outputs_equal": equal, "rows": rows,
+            "notes": ["compile_cpu_s: CPU-seconds of the first compiled call (Dynamo's tracing, the backend, the "
+                      "run); backend_cpu_s: the part inside the backend (key, lease, load or compile)",
+                      f"fleet_compile_cpu_s = the ranks' compile_cpu_s summed = {fleet_cpu:.1f}; one rank alone "
+                      f"{single['compile_cpu_s']:.1f} ({fleet_cpu / single['compile_cpu_s']:.2f}×); every output "
+                      f"equals the lone process's: {equal}"]}
+
+
+def _figures(record: dict[str, Any]) -> dict[str, Any]:
+    return {"first_output_s": record["first_output_s"], "compile_cpu_s": record["compile_cpu_s"],
+            "backend_cpu_s": record["backend_cpu_s"], "cache": ",".join(record["cache"])}

@@ -1,0 +1,71 @@
+"""One process of `ascend-dsa bench fleet`, run as a script: a rank under torchrun (RANK set: it joins the gloo
+group and answers its own prompt), or the lone process (it answers every rank's prompt, the first one timed).
+
+`python fleet_rank.py OUT_DIR PROMPTS`: the tiny reference model, run eagerly once, then compiled with ascend_dsa
+(torch.compile by the backend's name, as a user writes it). The first compiled call is measured: its wall
+seconds, and the CPU-seconds the process spent in it (every thread, and the children it waited for: the C
+compiler), and of those the CPU-seconds inside the backend (cache key, lease, load or compile); the rest is
+Dynamo's tracing and the run. Writes OUT_DIR/<name>.json with those figures and OUT_DIR/<name>.pt with the outputs
+by prompt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+
+def cpu_seconds() -> float:
+    """CPU-seconds of this process and of its children that ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def prompt(index: int) -> torch.Tensor:
+    return torch.randint(3, 250, (1, 24), generator=torch.Generator().manual_seed(1000 + index))
+
+
+def main(out_dir: str, prompts: int) -> None:
+    import npu_graph.backend
+    from npu_graph.models.hybrid import HybridConfig, HybridLM
+
+    if "RANK" in os.environ:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        name, mine = f"rank{dist.get_rank()}", [dist.get_rank()]
+    else:
+        name, mine = "single", list(range(prompts))
+    torch.manual_seed(0)
+    model = HybridLM(HybridConfig.named("tiny")).eval()
+    inside = []
+    original = npu_graph.backend.Backend.__call__
+
+    def timed(self, *args, **kwargs):
+        start = cpu_seconds()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            inside.append(cpu_seconds() - start)
+
+    npu_graph.backend.Backend.__call__ = timed
+    with torch.no_grad():
+        model(prompt(mine[0]))
+        start_cpu, start = cpu_seconds(), time.perf_counter()
+        compiled = torch.compile(model, backend="ascend_dsa")
+        outputs = {mine[0]: compiled(prompt(mine[0]))}
+        wall, spent = time.perf_counter() - start, cpu_seconds() - start_cpu
+        outputs.update({index: compiled(prompt(index)) for index in mine[1:]})
+    reports = npu_graph.get_backend({}).reports
+    record = {"name": name, "first_output_s": wall, "compile_cpu_s": spent, "backend_cpu_s": sum(inside),
+              "cache": [report.cache for report in reports]}
+    torch.save(outputs, os.path.join(out_dir, f"{name}.pt"))
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
