@@ -40,6 +40,8 @@ from npu_graph.observe.implementations import refreshed_after_first_call
 from npu_graph.observe.report import GraphReport
 from npu_graph.observe.trace import log_code
 from npu_graph.observe.verify import verified
+from npu_graph.parallel.ep_report import for_this_rank
+from npu_graph.parallel.rank_free import make_rank_free
 from npu_graph.routes import install_routes
 from npu_graph.runtime import inductor_glue
 from npu_graph.runtime.glue_upgrade import GlueUpgrade
@@ -108,6 +110,8 @@ class Backend:
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
+        if self.config.target == "cpu":     # ranks whose graphs differ only by their groups share one entry
+            make_rank_free(gm)
         with self.cache.lookup(gm, example_inputs) as found:
             if found.decision == "hit" and found.summary.get("runtime", {}).get("glue") == "inductor":
                 # a process served from the cache: the check an entry with Inductor's glue needs overlaps the tracing
@@ -117,6 +121,8 @@ class Backend:
                 inductor_glue.warm_vec_isa()
             if found.decision == "hit" and not self.config.debug.graph_dump.path:
                 report = GraphReport.from_summary(name, found.summary, cache="hit")
+                if "expert_parallel" in report.extra:
+                    report.extra["expert_parallel"] = for_this_rank(report.extra["expert_parallel"])
                 report.extra.update(found.provenance(current_compile_id()))
                 self._add_report(report)
                 log_code(name, f"loaded from cache entry {found.key[:12]}", found.source)

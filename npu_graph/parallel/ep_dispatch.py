@@ -27,9 +27,9 @@ global_bs=0, a global_bs too small, or one rank's bad ids fail every rank of the
 from that one collective: no rank is left waiting for a peer that gave up.
 `ep_send_counts` is dispatch's `ep_recv_counts`; `expand_x` for combine holds the expert outputs in the rows
 where dispatch delivered their inputs (padding rows are ignored). `group_ep` is a process group's
-`group_name`. quant_mode=2 quantizes each dispatched row to int8 with its own scale (ep_quant.py); combine
-always sends the activation dtype. Every rank of the group must call both ops, in the same order, as with
-any collective. Inference only.
+`group_name`; `ep_rank_id` -1 means this process's rank in it. quant_mode=2 quantizes each dispatched row to
+int8 with its own scale (ep_quant.py); combine always sends the activation dtype. Every rank of the group must
+call both ops, in the same order, as with any collective. Inference only.
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ _INDEX = (torch.int32, torch.int64)
 
 
 def resolve_group(op: str, group_ep: str, ep_world_size: int, ep_rank_id: int) -> dist.ProcessGroup:
-    """The process group named `group_ep`, checked against the EP size and rank the caller expects."""
+    """The process group named `group_ep`, checked against the EP size and rank the caller expects (ep_rank_id -1:
+    this process's rank in it, as a graph compiled for every rank passes: npu_graph.parallel.rank_free)."""
     require(dist.is_initialized(), f"{op}: torch.distributed is not initialized; call init_process_group "
                                    f"first (or run under npu_graph.parallel.launch)")
     try:
@@ -53,6 +54,7 @@ def resolve_group(op: str, group_ep: str, ep_world_size: int, ep_rank_id: int) -
     except (ValueError, RuntimeError, KeyError) as error:
         raise ValueError(f"{op}: no process group is named {group_ep!r} in this process ({error})") from error
     size, rank = dist.get_world_size(group), dist.get_rank(group)
+    ep_rank_id = rank if ep_rank_id == -1 else ep_rank_id
     require(size == ep_world_size, f"{op}: group {group_ep!r} has {size} ranks but ep_world_size="
                                    f"{ep_world_size}: the experts were split for another EP group")
     require(rank == ep_rank_id, f"{op}: this process is rank {rank} of group {group_ep!r} but ep_rank_id="

@@ -86,5 +86,5 @@ def test_expert_parallel_summary():
     sent.meta["val"] = (torch.empty(24, 8),)
     graph.output(sent)
     assert expert_parallel_summary(torch.fx.GraphModule(torch.nn.Module(), graph)) == [
-        {"module": "model.layers.2.mlp.experts", "ep_world_size": 4, "ep_rank": 3, "experts": 16,
+        {"module": "model.layers.2.mlp.experts", "group": "g", "ep_world_size": 4, "ep_rank": 3, "experts": 16,
          "local_experts": [12, 16], "quant_mode": 2, "dispatch_rows": 24}]

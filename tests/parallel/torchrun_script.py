@@ -1,6 +1,7 @@
 """A user's script, as tests/parallel/test_torchrun.py starts it under `torchrun` (one host, or several
 simulated nodes): `torchrun ... torchrun_script.py OUT_DIR WORKLOAD[,WORKLOAD...]`. Each rank joins the gloo
-group torchrun describes, runs each workload and saves its results to OUT_DIR/rank<R>.pt:
+group torchrun describes, runs each workload and saves its results (and its graphs' cache decisions) to
+OUT_DIR/rank<R>.pt:
 
 - dsa: the reference model's DSA layers' prefill under CP×TP (cp = 2, tp = world / 2), restored to sequence order;
 - ep: the reference model with its experts sharded over the world, compiled with ascend_dsa, on tokens of its own;
@@ -16,6 +17,7 @@ import cp_workers
 import torch
 import torch.distributed as dist
 
+import npu_graph
 from npu_graph.models.hybrid import HybridConfig, HybridLM
 from npu_graph.parallel import cp_dsa_prefill, gather_zigzag, init_cp_tp, init_parallel, shard_experts, zigzag_split
 
@@ -63,6 +65,7 @@ WORKLOADS = {"dsa": dsa, "ep": ep, "mesh": mesh}
 if __name__ == "__main__":
     out_dir, names = sys.argv[1], sys.argv[2].split(",")
     dist.init_process_group("gloo")
-    results = {"rank": dist.get_rank(), **{name: WORKLOADS[name]() for name in names}}
+    results = {"rank": dist.get_rank(), **{name: WORKLOADS[name]() for name in names},
+               "cache": [report.cache for report in npu_graph.get_backend({}).reports]}
     torch.save(results, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()
