@@ -12,10 +12,11 @@ torch's C++ ABI, and the level of every path can be forced and tested on one mac
 
 The shared library goes into a cache folder (ASCEND_DSA_NATIVE_DIR, else $XDG_CACHE_HOME/ascend_dsa/native, else
 ~/.cache/ascend_dsa/native) under a file name keyed by a hash of the source (with the folder's headers), the
-compiler and the flags; it is written to a temporary file and renamed into place, so processes building at the
-same time are safe, and later processes load it without compiling. The compiler is ASCEND_DSA_CC or CC, else
-`cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP (libgomp.so.1) resolves to the runtime
-torch already loaded: no second thread pool.
+compiler and the flags; it is written to a temporary file and renamed into place, and built by one process at a
+time: a process that finds another one building it (its lease in the folder, npu_graph.cache.locks: a fleet's
+ranks starting on a fresh machine) waits for that build, and later processes load it without compiling. The
+compiler is ASCEND_DSA_CC or CC, else `cc` or `gcc` on PATH. torch is imported first, so the library's OpenMP
+(libgomp.so.1) resolves to the runtime torch already loaded: no second thread pool.
 
 There is one fallback: when no compiler is found, the build fails or the library cannot be loaded, or
 ASCEND_DSA_NATIVE=0 is set, `load` returns a Native without a library whose `reason` says why, and the ops
@@ -41,7 +42,7 @@ from typing import Any
 
 import torch  # loaded before any native library: its libgomp is the one the libraries use
 
-from npu_graph.cache import trust
+from npu_graph.cache import locks, trust
 from npu_graph.kernels.native import cpu_isa, env_settings
 from npu_graph.kernels.native import trust as native_trust
 from npu_graph.observe import progress
@@ -167,9 +168,40 @@ def wait_for_build(path: Path) -> None:
         event.wait()
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+@contextlib.contextmanager
+def _one_builder(name: str, path: Path, level: str) -> Iterator[Callable[[], bool]]:
+    """Hold the library's lease while building it, once no other process is (the folder's lease); yields whether
+    another process has built it since (a new file at `path`: one that was there before may have been refused)."""
+    before = _identity(path)
+
+    def built_meanwhile() -> bool:
+        return _identity(path) not in (None, before)
+
+    work = locks.Work(f"building native kernel {name} ({level})", f"the build of native kernel {name} ({level})",
+                      "building it here as well")
+    try:
+        lease = locks.take_lease(f"{path}.lease", work, 2 * BUILD_TIMEOUT_S, built_meanwhile)
+    except OSError:     # a folder this process cannot write: _build reports it
+        lease = None
+    try:
+        yield built_meanwhile
+    finally:
+        if lease is not None:
+            lease.release()
+
+
 def _build_claimed(name: str, path: Path, cc: str, level: str) -> str | None:
     try:
-        return _build(SOURCE_DIR / f"{name}.c", path, cc, level)
+        with _one_builder(name, path, level) as built_meanwhile:
+            return None if built_meanwhile() else _build(SOURCE_DIR / f"{name}.c", path, cc, level)
     finally:
         _release(path)
 

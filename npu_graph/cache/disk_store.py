@@ -46,7 +46,7 @@ from npu_graph.cache.folder import (
     write_entry,
 )
 from npu_graph.cache.lease import Lease
-from npu_graph.cache.locks import CacheWarning, lease_stale_from_env, lock_timeout_from_env, take_entry_lease
+from npu_graph.cache.locks import CacheWarning, entry_work, lease_stale_from_env, lock_timeout_from_env, take_lease
 from npu_graph.cache.trust import (
     UntrustedPath,
     check_private_dir,
@@ -184,8 +184,8 @@ class DiskCache:
     def take_lease(self, key: str) -> Lease | None:
         """The entry's lease (npu_graph.cache.locks), or None: the entry was stored meanwhile, or another process
         held the lease past `lock_timeout`."""
-        return take_entry_lease(self.lease_path(key), key, self.lock_timeout,
-                                lambda: os.path.lexists(self.entry_dir(key)), self.lease_stale)
+        return take_lease(self.lease_path(key), entry_work(key), self.lock_timeout,
+                          lambda: os.path.lexists(self.entry_dir(key)), self.lease_stale)
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:

@@ -1,6 +1,7 @@
 """One compiler per cache entry across processes and hosts: take the entry's lease (npu_graph.cache.lease), or wait
 for its holder, sleeping between looks, until the entry is stored, the lease is free or stale, or
-ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600) pass. A lease is stale when its heartbeat has not changed for
+ASCEND_DSA_CACHE_LOCK_TIMEOUT seconds (600) pass. The native kernels' builds share the same wait (`Work` says what
+the lease is held for). A lease is stale when its heartbeat has not changed for
 ASCEND_DSA_CACHE_LEASE_STALE seconds (20; its holder renews it 5 times in that span), or at once when its holder
 was a process of this machine that has ended."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from npu_graph.cache.lease import Holder, Lease, break_lease, read_holder, try_take
 from npu_graph.observe import progress
@@ -22,6 +24,19 @@ _FIRST_LOOK_S, _LONGEST_SLEEP_S = 0.02, 0.5     # a waiter's sleeps between look
 
 class CacheWarning(UserWarning):
     """The cache refused or repaired something; compilation goes on without it."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a lease is held for, as a waiting process's status line and timeout warning name it."""
+    doing: str          # "compiling the same graph (cache entry 0123456789ab)"
+    lock: str           # "the lock of entry 0123456789ab"
+    instead: str        # what the waiter does after its timeout
+
+
+def entry_work(key: str) -> Work:
+    return Work(f"compiling the same graph (cache entry {key[:12]})", f"the lock of entry {key[:12]}",
+                f"compiling this graph without waiting for it (set {LOCK_TIMEOUT_ENV} to wait longer)")
 
 
 def _seconds_from_env(name: str, default: float) -> float:
@@ -59,18 +74,16 @@ class _Watch:
         return holder.gone() or now - self.since >= stale_s
 
 
-def _timed_out(key: str, timeout: float, holder: Holder) -> None:
-    warnings.warn(f"ascend_dsa cache: waited {timeout:g} s for the lock of entry {key[:12]}, held by "
-                  f"{holder.describe()}; compiling this graph without waiting for it (set {LOCK_TIMEOUT_ENV} to "
-                  f"wait longer)", CacheWarning, stacklevel=4)
+def _timed_out(work: Work, timeout: float, holder: Holder) -> None:
+    warnings.warn(f"ascend_dsa cache: waited {timeout:g} s for {work.lock}, held by {holder.describe()}; "
+                  f"{work.instead}", CacheWarning, stacklevel=4)
 
 
-def _wait(path: str, key: str, timeout: float, stale_s: float, done: Callable[[], bool],
+def _wait(path: str, work: Work, timeout: float, stale_s: float, done: Callable[[], bool],
           holder: Holder) -> Lease | None:
-    """Sleep until the entry is stored (None), the lease is ours, or `timeout` passes (None, one warning)."""
+    """Sleep until the work is done (None), the lease is ours, or `timeout` passes (None, one warning)."""
     deadline, sleep, watch = time.monotonic() + timeout, _FIRST_LOOK_S, _Watch()
-    with progress.step(f"waiting for {holder.describe()}, which is compiling the same graph (cache entry "
-                       f"{key[:12]})"):
+    with progress.step(f"waiting for {holder.describe()}, which is {work.doing}"):
         while True:
             if done():
                 return None
@@ -83,20 +96,21 @@ def _wait(path: str, key: str, timeout: float, stale_s: float, done: Callable[[]
                     return lease
                 continue
             if time.monotonic() >= deadline:
-                _timed_out(key, timeout, current)
+                _timed_out(work, timeout, current)
                 return None
             time.sleep(min(sleep, max(deadline - time.monotonic(), 0.0)))
             sleep = min(sleep * 2, _LONGEST_SLEEP_S)
 
 
-def take_entry_lease(path: str, key: str, timeout: float, done: Callable[[], bool],
-                     stale_s: float | None = None) -> Lease | None:
-    """The entry's lease at `path`, held by this process (renewed until released, for at most `timeout`
-    seconds); None when `done()` says the entry was stored meanwhile, or when another process held the lease past
-    `timeout` (one warning naming it). Raises OSError when the locks folder cannot be written."""
+def take_lease(path: str, work: Work, timeout: float, done: Callable[[], bool],
+               stale_s: float | None = None) -> Lease | None:
+    """The lease at `path` for `work`, held by this process (renewed until released, for at most `timeout`
+    seconds); None when `done()` says the work was done meanwhile (an entry stored, a library built), or when
+    another process held the lease past `timeout` (one warning naming it). Raises OSError when the folder cannot
+    be written."""
     stale_s = lease_stale_from_env() if stale_s is None else stale_s
     while (lease := try_take(path, timeout, min(2.0, stale_s / 5))) is None:
         holder = read_holder(path)
         if holder is not None:      # else released just now: take it
-            return _wait(path, key, timeout, stale_s, done, holder)
+            return _wait(path, work, timeout, stale_s, done, holder)
     return lease

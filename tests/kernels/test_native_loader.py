@@ -1,6 +1,9 @@
 """kernels/native/loader.py: build at first use into the cache folder, reuse without rebuilding, one clear fallback
-(switched off, no compiler, failing compiler), and the library sharing torch's OpenMP runtime."""
+(switched off, no compiler, failing compiler), one build for processes starting together, and the library sharing
+torch's OpenMP runtime."""
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,20 @@ def test_extra_flags_are_part_of_the_key(monkeypatch):
     monkeypatch.setenv(native.ENV_CFLAGS, "-fsanitize=address")
     assert "-fsanitize=address" in native.level_flags("generic")
     assert native.library_path(SOURCE, "cc", "generic") != plain
+
+
+def test_processes_starting_together_build_a_library_once(fresh, tmp_path):
+    """Two processes on an empty folder load the same kernel while its build takes seconds (a compiler that waits
+    2 s first): one builds it, the other waits for that build (its lease) and loads the result."""
+    log = tmp_path / "builds"
+    slow_cc = tmp_path / "slow_cc"
+    slow_cc.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\nsleep 2\nexec {native.compiler()} \"$@\"\n")
+    slow_cc.chmod(0o700)
+    program = "from npu_graph.kernels.native import loader; assert loader.load('rms_norm').lib is not None"
+    env = dict(os.environ, **{native.ENV_CC: str(slow_cc)})
+    procs = [subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert len(log.read_text().splitlines()) == 1
+    assert any("waiting for process" in err and "building native kernel rms_norm" in err for err in errors)
