@@ -39,10 +39,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _environment(root: Path, name: str) -> dict[str, str]:
-    """Empty compile and Inductor caches of their own; one thread; no status lines."""
-    return dict(os.environ, ASCEND_DSA_CACHE_DIR=str(root / name / "cache"), OMP_NUM_THREADS="1",
-                TORCHINDUCTOR_CACHE_DIR=str(root / name / "inductor"), ASCEND_DSA_PROGRESS="0")
+def _environment(root: Path, name: str, cold: bool) -> dict[str, str]:
+    """Empty compile and Inductor caches of their own (with `cold`, native kernels too); one thread; no status
+    lines."""
+    env = dict(os.environ, ASCEND_DSA_CACHE_DIR=str(root / name / "cache"), OMP_NUM_THREADS="1",
+               TORCHINDUCTOR_CACHE_DIR=str(root / name / "inductor"), ASCEND_DSA_PROGRESS="0")
+    if cold:
+        env["ASCEND_DSA_NATIVE_DIR"] = str(root / name / "native")
+    return env
 
 
 def _wait(procs: list[subprocess.Popen], logs: list[Path], what: str) -> None:
@@ -57,17 +61,17 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], what: str) -> None:
         raise RuntimeError(f"bench fleet: the {what} failed (exit codes {codes}):\n{tail}")
 
 
-def _single(root: Path, name: str, prompts: int) -> None:
+def _single(root: Path, name: str, prompts: int, cold: bool = False) -> None:
     out = root / name
     out.mkdir(parents=True)
     log = out / "log"
     with log.open("w") as f:
         proc = subprocess.Popen([sys.executable, fleet_rank.__file__, str(out), str(prompts)],
-                                env=_environment(root, name), stdout=f, stderr=subprocess.STDOUT)
+                                env=_environment(root, name, cold), stdout=f, stderr=subprocess.STDOUT)
     _wait([proc], [log], f"{name} process")
 
 
-def _fleet(root: Path) -> None:
+def _fleet(root: Path, cold: bool) -> None:
     out = root / "fleet"
     out.mkdir(parents=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node",
@@ -77,7 +81,7 @@ def _fleet(root: Path) -> None:
     procs = []
     for log in logs:
         with log.open("w") as f:
-            procs.append(subprocess.Popen(command, env=_environment(root, "fleet"), stdout=f,
+            procs.append(subprocess.Popen(command, env=_environment(root, "fleet", cold), stdout=f,
                                           stderr=subprocess.STDOUT))
     _wait(procs, logs, "torchrun fleet")
 
@@ -89,13 +93,15 @@ def _read(folder: Path, name: str) -> tuple[dict[str, Any], dict[int, torch.Tens
 def run(args: argparse.Namespace) -> dict[str, Any]:
     ranks = NODES * PER_NODE
     root = Path(tempfile.mkdtemp(prefix="ascend_dsa_bench_fleet_"))
-    with progress.step("native kernels and dispatch measurements, once for the machine", "bench fleet"):
-        _single(root, "prepare", 1)
+    cold = bool(getattr(args, "cold", False))
+    if not cold:
+        with progress.step("native kernels and dispatch measurements, once for the machine", "bench fleet"):
+            _single(root, "prepare", 1)
     with progress.step("one rank alone, cold", "bench fleet"):
-        _single(root, "single", ranks)
+        _single(root, "single", ranks, cold)
     with progress.step(f"{ranks} ranks (2 simulated nodes × {PER_NODE}) under torchrun, cold on one cache",
                        "bench fleet"):
-        _fleet(root)
+        _fleet(root, cold)
     single, single_out = _read(root / "single", "single")
     rows, equal = [{"case": "one rank alone", **_figures(single)}], True
     for rank in range(ranks):
@@ -103,7 +109,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"case": f"fleet rank {rank} (node {rank // PER_NODE})", **_figures(figures)})
         equal = equal and torch.equal(out[rank], single_out[rank])
     fleet_cpu = sum(row["compile_cpu_s"] for row in rows[1:])
-    return {"suite": "fleet", "ranks": ranks, "single_rank_compile_s": single["compile_cpu_s"],
+    return {"suite": "fleet", "ranks": ranks, "native_kernels": "built by the run" if cold else "built beforehand",
+            "single_rank_compile_s": single["compile_cpu_s"],
             "single_rank_first_output_s": single["first_output_s"], "fleet_compile_cpu_s": fleet_cpu,
             "fleet_over_single": fleet_cpu / single["compile_cpu_s"], "outputs_equal": equal, "rows": rows,
             "notes": ["compile_cpu_s: CPU-seconds of the first compiled call (Dynamo's tracing, the backend, the "

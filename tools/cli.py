@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="generate only: keep one core busy in a separate process while measuring")
     bench.add_argument("--cold", action="store_true",
                        help="generate only: also each compiled backend's first generate() in a fresh process with "
-                            "empty compile caches, then warm (the caches it left)")
+                            "empty compile caches, then warm (the caches it left); fleet: the native kernels' "
+                            "build folder starts empty too")
     bench.add_argument("--isa", default=None, metavar="LEVEL",
                        help="run the native kernels at this instruction-set level (generic, avx2, avx512, "
                             "avx512_bf16, amx_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
