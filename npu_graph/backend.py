@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.fx
 
+from npu_graph.cache import traces
 from npu_graph.cache.entry import Artifact
 from npu_graph.cache.key import Uncacheable
 from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_code
@@ -92,6 +93,21 @@ class Backend:
             return verified(name, gm.forward, compiled, v.atol, v.rtol, self.config.strict)
         return compiled
 
+    def load_traced_graph(self, key: str, eager: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The graph stored as cache entry `key`, for a trace loaded whole (npu_graph.cache.traces): Dynamo did not
+        trace, so there is no graph in hand; `eager` runs Dynamo's graph, for a fused op's failed precondition.
+        None when the entry cannot be loaded (the trace is then not used)."""
+        found = self.cache.load_entry(key)
+        if found is None:
+            return None
+        with self._lock:
+            name = f"graph_{next(self._ids)}"
+        report = GraphReport.from_summary(name, found.summary, cache="hit")
+        report.extra.update(found.provenance(None), trace="shared")
+        self._add_report(report)
+        log_code(name, f"loaded from cache entry {key[:12]}, its frame from a shared trace", found.source)
+        return eager_on_precondition_failure(name, found.callable, eager, self.config.strict)
+
     def with_settings(self, mode: str | None, options: dict[str, Any] | None) -> Backend:
         """The Backend for this config with torch.compile's `mode` / `options` applied on top (they win)."""
         config = copy.deepcopy(self.config)
@@ -110,9 +126,14 @@ class Backend:
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
                          ) -> Callable[..., Any]:
+        rank_free = 0
         if self.config.target == "cpu":     # ranks whose graphs differ only by their groups share one entry
-            make_rank_free(gm)
+            rank_free = make_rank_free(gm)
+            if rank_free:
+                traces.graph_not_shared()
         with self.cache.lookup(gm, example_inputs) as found:
+            if found.decision == "hit" and not rank_free:   # a trace holding this graph can be shared
+                traces.record_graph(gm, found.key)
             if found.decision == "hit" and found.summary.get("runtime", {}).get("glue") == "inductor":
                 # a process served from the cache: the check an entry with Inductor's glue needs overlaps the tracing
                 # of the graphs after it (a compile starts it where its lowering picks Inductor's glue, after the
@@ -142,6 +163,8 @@ class Backend:
             elif decision == "miss":
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
                 decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
+                if decision == "miss" and not rank_free:
+                    traces.record_graph(gm, found.key)
                 if decision == "miss" and self._glue_pending(sink):
                     # stored now with the Python glue, while this process holds the entry's lease, so that other
                     # processes waiting for it load it; replaced by the glue that then runs once it lands
@@ -287,7 +310,27 @@ def get_backend(config: CompilerConfig | dict[str, Any] | None = None, *,
         return _BACKENDS[key]
 
 
+def backend_compiling(callback: Any) -> Backend | None:
+    """The Backend a torch.compile callback compiles with (torch.compile(backend="ascend_dsa", options=...,
+    mode=...) or a Backend object), None for another backend or settings that do not validate."""
+    inner = torch._dynamo.eval_frame.innermost_backend(callback) if callback is not None else None
+    kwargs = getattr(inner, "kwargs", None) or {}
+    compiler = getattr(inner, "compiler_fn", inner)
+    try:
+        if compiler is ascend_dsa:
+            return get_backend(CompilerConfig.from_options(kwargs.get("options"), mode=kwargs.get("mode")))
+        if isinstance(compiler, Backend):
+            return compiler.with_settings(kwargs.get("mode"), kwargs.get("options")) if kwargs else compiler
+    except ConfigError:
+        return None
+    return None
+
+
 def ascend_dsa(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """Dynamo entry point (`backend="ascend_dsa"`): torch.compile passes `options` or `mode`, never both."""
     return get_backend(CompilerConfig.from_options(options, mode=mode))(gm, example_inputs)
+
+
+if traces.sharing_requested():
+    traces.install(backend_compiling)

@@ -174,10 +174,14 @@ COMPILER = MODEL + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["elsewhere", pytest.param("here", marks=pytest.mark.slow)])
-def test_a_compiler_killed_mid_compile_hands_over_and_the_cache_verifies(tmp_path, monkeypatch, where):
+@pytest.mark.parametrize(("where", "share"), [("elsewhere", "0"), ("elsewhere", "1"),
+                                              pytest.param("here", "0", marks=pytest.mark.slow)])
+def test_a_compiler_killed_mid_compile_hands_over_and_the_cache_verifies(tmp_path, monkeypatch, where, share):
     """The elected compiler is killed while it compiles; the waiter takes over (another host's lease: after its
-    heartbeat stopped; one of this machine: at once), compiles and stores, and `cache verify` finds nothing wrong."""
+    heartbeat stopped; one of this machine: at once), compiles and stores, and `cache verify` finds nothing wrong.
+    With Dynamo's traces shared, the waiter waits on the trace's lease, which the killed process held too, then
+    traces, compiles and stores both."""
+    monkeypatch.setenv("ASCEND_DSA_SHARE_TRACES", share)
     monkeypatch.setenv("ASCEND_DSA_CACHE_LEASE_STALE", "2")
     monkeypatch.setenv("ASCEND_DSA_CACHE_LOCK_TIMEOUT", "120")
     cache = str(tmp_path / "cache")
@@ -201,7 +205,8 @@ def test_a_compiler_killed_mid_compile_hands_over_and_the_cache_verifies(tmp_pat
     verify = subprocess.run([sys.executable, "-m", "npu_graph", "cache", "verify", "--json", "--dir", cache],
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0, verify.stderr
-    assert json.loads(verify.stdout) == {"ok": 1, "quarantined": [], "ignored": []}
+    traces = {"traces": 1} if share == "1" else {}
+    assert json.loads(verify.stdout) == {"ok": 1, "quarantined": [], "ignored": [], **traces}
 
 
 def _wait_for(condition, process: subprocess.Popen, seconds: float = 300) -> None:

@@ -2,15 +2,18 @@
 
 The fleet is 4 ranks, 2 simulated nodes × 2 processes: two torchrun invocations against one c10d rendezvous
 endpoint on this host, every rank with the same compile cache and Inductor cache, both empty. Each rank compiles
-the tiny reference model and answers a prompt of its own (tools/fleet_rank.py); the lone process, on caches of its
-own, empty too, answers every rank's prompt. Before both, one process fills the native kernels' build folder and
-dispatch measurements (a one-time cost per machine, not per graph). Every process runs one thread (torchrun's
-default for several processes per node), so CPU-seconds compare.
+the tiny reference model and answers a prompt of its own (tools/fleet_rank.py); the lone process, one rank under
+torchrun (`--standalone --nproc-per-node 1`) on caches of its own, empty too, answers every rank's prompt. Both
+run as torchrun starts them, so Dynamo's traces are shared as they are there by default (npu_graph.cache.traces).
+Before both, one process fills the native kernels' build folder and dispatch measurements (a one-time cost per
+machine, not per graph). Every process runs one thread (torchrun's default for several processes per node), so
+CPU-seconds compare.
 
-Reported: per rank, the wall seconds to its first output, the CPU-seconds of its first call and the part of them
-inside the backend (the rest is Dynamo's tracing of the model, which every rank does itself) and its cache
-decisions; `fleet_compile_cpu_s`, the sum of the ranks' first-call CPU-seconds, against `single_rank_compile_s`,
-the lone process's; `outputs_equal`: every rank's output equals the lone process's for that prompt, bit for bit.
+Reported: per rank, the wall seconds to its first output, the CPU-seconds from torch.compile to it (and to the
+stored trace, for the rank that made it) and the part of them inside the backend, its cache decisions and whether
+it traced the model or loaded the trace; `fleet_compile_cpu_s`, the sum of the ranks' CPU-seconds, against
+`single_rank_compile_s`, the lone process's; `outputs_equal`: every rank's output equals the lone process's for
+that prompt, bit for bit.
 """
 from __future__ import annotations
 
@@ -65,9 +68,10 @@ def _single(root: Path, name: str, prompts: int, cold: bool = False) -> None:
     out = root / name
     out.mkdir(parents=True)
     log = out / "log"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+               fleet_rank.__file__, str(out), str(prompts)]
     with log.open("w") as f:
-        proc = subprocess.Popen([sys.executable, fleet_rank.__file__, str(out), str(prompts)],
-                                env=_environment(root, name, cold), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=_environment(root, name, cold), stdout=f, stderr=subprocess.STDOUT)
     _wait([proc], [log], f"{name} process")
 
 
@@ -113,8 +117,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "single_rank_compile_s": single["compile_cpu_s"],
             "single_rank_first_output_s": single["first_output_s"], "fleet_compile_cpu_s": fleet_cpu,
             "fleet_over_single": fleet_cpu / single["compile_cpu_s"], "outputs_equal": equal, "rows": rows,
-            "notes": ["compile_cpu_s: CPU-seconds of the first compiled call (Dynamo's tracing, the backend, the "
-                      "run); backend_cpu_s: the part inside the backend (key, lease, load or compile)",
+            "notes": ["compile_cpu_s: CPU-seconds from torch.compile to the first output (Dynamo's tracing or the "
+                      "load of a shared trace, the backend, the run), and storing the trace for the rank that made "
+                      "it; backend_cpu_s: the part inside the backend (key, lease, load or compile)",
                       f"fleet_compile_cpu_s = the ranks' compile_cpu_s summed = {fleet_cpu:.1f}; one rank alone "
                       f"{single['compile_cpu_s']:.1f} ({fleet_cpu / single['compile_cpu_s']:.2f}×); every output "
                       f"equals the lone process's: {equal}"]}
@@ -122,4 +127,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _figures(record: dict[str, Any]) -> dict[str, Any]:
     return {"first_output_s": record["first_output_s"], "compile_cpu_s": record["compile_cpu_s"],
-            "backend_cpu_s": record["backend_cpu_s"], "cache": ",".join(record["cache"])}
+            "backend_cpu_s": record["backend_cpu_s"], "cache": ",".join(record["cache"]), "trace": record["trace"]}

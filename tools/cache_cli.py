@@ -3,6 +3,8 @@
 Every subcommand takes --json and --dir (default: ASCEND_DSA_CACHE_DIR, else ~/.cache/ascend_dsa). Only
 `import` creates a cache; the others never create anything, and `ls`, `show`, `stats` and `export` change
 nothing. Names in entries/ that are not entries are ignored (`verify` reports them, `clear` removes them).
+`verify` and `clear` cover the shared Dynamo traces too (npu_graph.cache.traces; `verify` counts them as
+"traces" where there are any).
 Exit codes: 0 when all went well, 1 when the command met something wrong (a damaged entry, one it could not
 remove, an entry refused on import), 2 when it could not run at all (no cache there, a cache or key that is
 not trusted, an archive that cannot be imported); the message goes to stderr, and with --json a JSON object
@@ -108,7 +110,15 @@ def _verify(disk: DiskCache, args: argparse.Namespace) -> Outcome:
             continue
         except CorruptEntry as exc:
             bad.append({"key": key, "problem": str(exc), "quarantined": disk.quarantine(key)})
+    from npu_graph.cache.trace_store import TraceShelf
+
+    shelf = TraceShelf(disk)
+    traces = shelf.keys()
+    good_traces, bad_traces = shelf.verify()
+    bad += [{**row, "trace": True} for row in bad_traces]
     result = {"ok": good, "quarantined": bad, "ignored": disk.unknown_names()}
+    if traces:
+        result["traces"] = good_traces
     return result, f"{len(bad)} damaged entries" if bad else None
 
 
@@ -124,7 +134,15 @@ def _prune(disk: DiskCache, args: argparse.Namespace) -> Outcome:
 
 
 def _clear(disk: DiskCache, args: argparse.Namespace) -> Outcome:
-    return _removal(disk.clear())
+    from npu_graph.cache.trace_store import TraceShelf
+
+    shelf = TraceShelf(disk)
+    traces = len(shelf.keys())
+    result = disk.clear()
+    left = shelf.clear()
+    result["removed"] += traces - len(left)
+    result["left"].update(left)
+    return _removal(result)
 
 
 def _export(disk: DiskCache, args: argparse.Namespace) -> Outcome:

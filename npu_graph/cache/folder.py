@@ -46,12 +46,13 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_folder(folder: str) -> EntryBytes:
-    """The entry folder's contents, each file read only if it and the folder pass the trust checks."""
+def read_folder(folder: str, names: Sequence[str] = ENTRY_FILES) -> EntryBytes:
+    """The entry folder's contents (the files among `names` it holds), each file read only if it and the folder
+    pass the trust checks."""
     try:
         check_private_dir(folder)
         files = {name: read_private_file(os.path.join(folder, name))
-                 for name in ENTRY_FILES if os.path.lexists(os.path.join(folder, name))}
+                 for name in names if os.path.lexists(os.path.join(folder, name))}
         meta = read_private_file(os.path.join(folder, META))
         tag_path = os.path.join(folder, TAG)
         tag_text = read_private_file(tag_path).decode("ascii", "replace") if os.path.lexists(tag_path) else None
@@ -71,9 +72,11 @@ def check_tag(entry: EntryBytes, tag_keys: Sequence[bytes]) -> None:
                            "on another machine")
 
 
-def verify_entry(key: str, entry: EntryBytes, tag_keys: Sequence[bytes] | None) -> dict[str, Any]:
+def verify_entry(key: str, entry: EntryBytes, tag_keys: Sequence[bytes] | None,
+                 required: Sequence[str] = ("compiled.py",)) -> dict[str, Any]:
     """The entry's meta.json after checking its tag under one of `tag_keys` (None: trusted without a tag, as
-    `cache import --trust` does), its schema and key, and every file against its hash; raises CorruptEntry."""
+    `cache import --trust` does), its schema and key, the `required` files and every file against its hash;
+    raises CorruptEntry."""
     if entry.meta is None:
         raise CorruptEntry("meta.json is missing")
     if tag_keys is not None:
@@ -85,7 +88,7 @@ def verify_entry(key: str, entry: EntryBytes, tag_keys: Sequence[bytes] | None) 
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA or meta.get("key") != key:
         raise CorruptEntry("meta.json is for another schema or key")
     listed = meta.get("files")
-    if not isinstance(listed, dict) or set(listed) != set(entry.files) or "compiled.py" not in listed:
+    if not isinstance(listed, dict) or set(listed) != set(entry.files) or not set(required) <= set(listed):
         raise CorruptEntry(f"the entry holds {sorted(entry.files)}, meta.json lists "
                            f"{sorted(listed) if isinstance(listed, dict) else listed!r}")
     for name, digest in listed.items():

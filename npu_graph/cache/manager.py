@@ -130,6 +130,24 @@ class CompileCache:
         self._record("hit")
         return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source)
 
+    def load_entry(self, key: str) -> Lookup | None:
+        """Entry `key` by its key alone, for a graph that Dynamo's own guards matched (a shared trace: its guards
+        hold every size guard of the compile); None when it is missing, cannot be loaded, or reads attributes of
+        Dynamo's graph module."""
+        if self.disk is None or self.disk.refused:
+            return None
+        loaded = self.disk.load(key)
+        if loaded is None or loaded[0].param_fqns:
+            return None
+        artifact, meta = loaded
+        try:
+            graph = artifact.load(f"cached_{key[:12]}")
+        except Exception as exc:
+            self.disk.reject(key, f"it cannot be loaded ({type(exc).__name__}: {exc})")
+            return None
+        self._record("hit")
+        return Lookup("hit", "", key, lambda *args: graph(list(args)), meta.get("summary", {}), source=artifact.source)
+
     def store(self, lookup: Lookup, example_inputs: list[Any], artifact: Artifact | None, summary: dict[str, Any],
               reason: str, replace: bool = False) -> str:
         """Store a freshly compiled miss, or with `replace` the same graph's code that runs from now on in place of

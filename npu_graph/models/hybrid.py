@@ -88,8 +88,11 @@ class HybridLM(nn.Module):
         a missing or damaged checkpoint raises CheckpointError naming the file and what to do."""
         return checkpoint.load(path, cls)
 
+    @torch.compiler.disable
     def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
-        """An empty cache for `batch_size` sequences of up to `config.max_context` tokens."""
+        """An empty cache for `batch_size` sequences of up to `config.max_context` tokens. Never traced: a forward
+        without a cache breaks its graph once here, rather than Dynamo restarting on the cache's random block
+        table (a torch.Generator) several times."""
         return HybridCache(self.config, batch_size, kv_dtype=kv_dtype)
 
     def new_mtp_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
