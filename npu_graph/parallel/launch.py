@@ -51,7 +51,8 @@ from npu_graph.parallel.rank_failures import DistributedLaunchError, run_error
 from npu_graph.parallel.rank_process import ExitWatch, RunFolder, rank_main
 
 _POLL_S = 0.05          # how often the run's folder and the deadline are looked at
-_GRACE_S = 0.5          # after a rank failed, time for its peers to fail on their own (or the rank to end)
+_GRACE_S = 0.5          # after a rank ended without a result, time for its peers to fail on their own
+_EXIT_S = 5.0           # after a rank raised, time for it to end by itself (the agent then stops its peers)
 _SHUTDOWN_S = 1         # the agent's wait between SIGTERM and SIGKILL when it stops the ranks
 _SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
@@ -104,23 +105,27 @@ class _Run:
         shutil.rmtree(self.folder.path, ignore_errors=True)
 
     def _run(self) -> None:
-        failed_at = None
+        stop_at = None
         while not self._stop.wait(_POLL_S):
             for rank, pid in self.folder.pids().items():
                 self.watch.watch(rank, pid)
-            if failed_at is None and self._a_rank_failed():
-                failed_at = time.monotonic()     # its peers may wait for it, or it may not end by itself
+            grace = self._grace()
+            if grace is not None:       # its peers may wait for it, or it may not end by itself
+                stop_at = min(stop_at or float("inf"), time.monotonic() + grace)
             if time.monotonic() >= self.deadline:
                 self.timed_out = True
-            if self.timed_out or (failed_at is not None and time.monotonic() - failed_at > _GRACE_S):
+            if self.timed_out or (stop_at is not None and time.monotonic() >= stop_at):
                 self.stopped_at = self.stopped_at or time.time()
                 self.kill_all()
 
-    def _a_rank_failed(self) -> bool:
-        """Whether a rank raised, or ended without a result."""
-        ranks = range(self.folder.world_size)
-        return any(self.folder.failure(rank) is not None for rank in ranks) or any(
-            not self.folder.done(rank) for rank in self.watch.exits)
+    def _grace(self) -> float | None:
+        """How long to wait before stopping every rank: a rank ended without a result (_GRACE_S), or raised
+        (_EXIT_S: its own exit, with its exit status, normally comes first); None while no rank failed."""
+        if any(not self.folder.done(rank) for rank in self.watch.exits):
+            return _GRACE_S
+        if any(self.folder.failure(rank) is not None for rank in range(self.folder.world_size)):
+            return _EXIT_S
+        return None
 
     def kill_all(self) -> None:
         """SIGKILL every rank's process group, and every worker that has not yet become a session leader."""
