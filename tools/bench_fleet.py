@@ -95,9 +95,12 @@ def _read(folder: Path, name: str) -> tuple[dict[str, Any], dict[int, torch.Tens
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ascend_dsa_bench_fleet_") as root:
+        return _measure(Path(root), bool(getattr(args, "cold", False)))
+
+
+def _measure(root: Path, cold: bool) -> dict[str, Any]:
     ranks = NODES * PER_NODE
-    root = Path(tempfile.mkdtemp(prefix="ascend_dsa_bench_fleet_"))
-    cold = bool(getattr(args, "cold", False))
     if not cold:
         with progress.step("native kernels and dispatch measurements, once for the machine", "bench fleet"):
             _single(root, "prepare", 1)
