@@ -122,7 +122,8 @@ def _measure(root: Path, cold: bool) -> dict[str, Any]:
             "fleet_over_single": fleet_cpu / single["compile_cpu_s"], "outputs_equal": equal, "rows": rows,
             "notes": ["compile_cpu_s: CPU-seconds from torch.compile to the first output (Dynamo's tracing or the "
                       "load of a shared trace, the backend, the run), and storing the trace for the rank that made "
-                      "it; backend_cpu_s: the part inside the backend (key, lease, load or compile)",
+                      "it; backend_cpu_s: the part inside the backend (key, lease, load or compile; for a loaded "
+                      "trace, its graphs loaded from their entries)",
                       f"fleet_compile_cpu_s = the ranks' compile_cpu_s summed = {fleet_cpu:.1f}; one rank alone "
                       f"{single['compile_cpu_s']:.1f} ({fleet_cpu / single['compile_cpu_s']:.2f}×); every output "
                       f"equals the lone process's: {equal}"]}
