@@ -21,6 +21,7 @@ setup(
         "npu_graph.targets",
         "npu_graph.training",
         "npu_graph.passes",
+        "npu_graph.passes.canonical",
         "npu_graph.passes.matching",
         "npu_graph.passes.streams",
         "npu_graph.kernels",
@@ -33,6 +34,7 @@ setup(
         "npu_graph.kernels.rowwise",
         "npu_graph.kernels.sparse_attention",
         "npu_graph.tools",
+        "npu_graph.tools.fusion_spellings",
     ],
     package_dir={
         "npu_graph": "npu_graph",

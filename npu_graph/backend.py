@@ -31,7 +31,7 @@ from npu_graph.cache import traces
 from npu_graph.cache.entry import Artifact
 from npu_graph.cache.key import Uncacheable
 from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_code
-from npu_graph.capture import capture_and_compile
+from npu_graph.capture import capture_and_compile, float_inputs, restart_request
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
 from npu_graph.kernels.checks import FusedPreconditionError
@@ -43,6 +43,7 @@ from npu_graph.observe.trace import log_code
 from npu_graph.observe.verify import verified
 from npu_graph.parallel.ep_report import for_this_rank
 from npu_graph.parallel.rank_free import make_rank_free
+from npu_graph.pass_api import GraphInputs
 from npu_graph.routes import install_routes
 from npu_graph.runtime import inductor_glue
 from npu_graph.runtime.glue_upgrade import GlueUpgrade
@@ -85,6 +86,9 @@ class Backend:
         except ConfigError:
             raise
         except Exception as exc:
+            restart = restart_request(exc)
+            if restart is not None:     # Dynamo traces the frame again, with the floats asked for as constants
+                raise restart from None
             return self._fall_back(gm, name, exc)
         log.info("ascend_dsa: %s ready in %.1f ms", name, (time.perf_counter() - start) * 1e3)
         compiled = eager_on_precondition_failure(name, compiled, gm.forward, self.config.strict)
@@ -150,8 +154,9 @@ class Backend:
                 return found.callable
             sink: dict[str, Any] = {}
             params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
+            inputs = GraphInputs(params, float_inputs(gm))
             with native_prebuild.building_ahead():
-                compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink, params),
+                compiled = capture_and_compile(gm, example_inputs, self._graph_compiler(name, sink, inputs),
                                                self.config.experimental_config.keep_inference_input_mutations)
             reports = sink["reports"]
             decision, reason = found.decision, found.reason
@@ -229,8 +234,7 @@ class Backend:
         except Uncacheable as exc:
             return None, str(exc)
 
-    def _graph_compiler(self, name: str, sink: dict[str, Any], param_indices: tuple[int, ...]
-                        ) -> Callable[..., Any]:
+    def _graph_compiler(self, name: str, sink: dict[str, Any], graph_inputs: GraphInputs) -> Callable[..., Any]:
         parts = itertools.count()
         sink["reports"], sink["graphs"] = [], []
 
@@ -238,7 +242,7 @@ class Backend:
             part = next(parts)
             suffix = "" if inference and part == 0 else f"_{'inference' if inference else 'autograd'}{part}"
             report = GraphReport(name=name + suffix, inference=inference, target=self.config.target)
-            compiled = compile_graph(gm, inputs, self.config, report, param_indices if inference else ())
+            compiled = compile_graph(gm, inputs, self.config, report, graph_inputs if inference else GraphInputs())
             sink["reports"].append(report)
             sink["graphs"].append(compiled)
             self._add_report(report)

@@ -14,7 +14,7 @@ from npu_graph.observe.implementations import implementations
 from npu_graph.observe.report import GraphReport, fused_op_counts, op_count
 from npu_graph.observe.trace import traced_dump
 from npu_graph.parallel.ep_report import expert_parallel_summary
-from npu_graph.pass_api import MetaKey, PassContext
+from npu_graph.pass_api import GraphInputs, MetaKey, PassContext
 from npu_graph.pipeline import run_pipeline
 from npu_graph.runtime.compiled_graph import CompiledGraph
 from npu_graph.targets import cpu, npu
@@ -43,10 +43,12 @@ def _fake_mode(example_inputs: Sequence[Any]) -> Any:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,
-                  report: GraphReport, param_indices: tuple[int, ...] = ()) -> CompiledGraph:
+                  report: GraphReport, inputs: GraphInputs | None = None) -> CompiledGraph:
     """Run the pipeline on an AOT graph and lower it; fills `report` and writes the stage dumps (the
-    caller writes summary.json once the cache decision is known). `param_indices` are the inputs that are
+    caller writes summary.json once the cache decision is known). `inputs.param_indices` are the inputs that are
     model parameters: work that reads only them is hoisted into a prologue (npu_graph.runtime.hoist)."""
+    inputs = inputs or GraphInputs()
+    param_indices = inputs.param_indices
     start = time.perf_counter()
     dump = GraphDump.create(config.debug.graph_dump.path, report.name) if config.debug.graph_dump.path \
         else None
@@ -59,7 +61,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         dump.write_stage(0, "captured", gm, {})
     ctx = PassContext(config=config, machine=describe(config.target, _graph_device(gm)), inference=report.inference,
                       fake_mode=_fake_mode(example_inputs), dump=dump, graph_name=report.name,
-                      param_indices=tuple(param_indices))
+                      param_indices=tuple(param_indices), float_inputs=dict(inputs.float_inputs))
     try:
         records = run_pipeline(gm, ctx)
     except Exception as exc:

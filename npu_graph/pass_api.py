@@ -67,12 +67,23 @@ class TargetDescription:
     dsa_key_starts: bool = False
 
 
+@dataclass(frozen=True)
+class GraphInputs:
+    """What the backend knows of a graph's inputs: which are model parameters (`param_indices`, placeholder
+    positions; their work is hoisted) and which are Python floats Dynamo passes as 0-dim tensors (`float_inputs`:
+    position -> the float's symbol, which a pass may ask Dynamo to make a constant, npu_graph.capture)."""
+
+    param_indices: tuple[int, ...] = ()
+    float_inputs: dict[int, str] = field(default_factory=dict)
+
+
 @dataclass
 class PassContext:
     """What a pass may read: the config, the target's description (`machine`: the compiler passes the one
     npu_graph.targets.description.describe builds; there is no default, a pass context describes one target),
-    whether the graph is inference-only, the dump, and which graph inputs are model parameters (`param_indices`,
-    placeholder positions; their work is hoisted)."""
+    whether the graph is inference-only, the dump, which graph inputs are model parameters (`param_indices`,
+    placeholder positions; their work is hoisted) and which are floats Dynamo made tensors (`float_inputs`,
+    GraphInputs)."""
 
     config: CompilerConfig | None
     machine: TargetDescription
@@ -81,6 +92,20 @@ class PassContext:
     dump: GraphDump | None = None
     graph_name: str = "graph"
     param_indices: tuple[int, ...] = ()
+    float_inputs: dict[int, str] = field(default_factory=dict)
+
+    def ask_constant(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        """When `node` is a placeholder Dynamo made of a Python float (`float_inputs`), ask Dynamo to trace the
+        frame again with that float a constant (raises Dynamo's restart, which the backend lets through);
+        otherwise return."""
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        symbol = self.float_inputs.get(placeholders.index(node)) if node in placeholders else None
+        if symbol is not None:
+            from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+            from torch._dynamo.symbolic_convert import TensorifyState
+
+            TensorifyState.specialize(symbol)
+            raise TensorifyScalarRestartAnalysis
 
     def param_placeholders(self, gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
         """The placeholders of `gm` that are model parameters (`param_indices`)."""

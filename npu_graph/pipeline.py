@@ -2,6 +2,7 @@
 
 A pass is a module in npu_graph.passes with `NAME`, `INFERENCE_ONLY` and `run(gm, ctx) -> PassResult`.
 Its `uuid` is the hash of its source, so editing a pass changes every cache key that depends on it.
+canonical_form writes what varies between authors in one form before any fusion pass (passes/canonical/).
 canonicalize runs twice: first on the captured graph, then on what the rewrites left (view chains and no-op
 reshapes that the fusion passes' operand layouts create) before streams and SuperKernels are planned.
 eliminate_common_subexpressions runs only after the rewrites: merging repeated nodes earlier would give the
@@ -22,6 +23,7 @@ from npu_graph.pass_api import MetaKey, PassContext, PassResult
 from npu_graph.passes import (
     absorb_mla,
     assign_streams,
+    canonical_form,
     canonicalize,
     causal_sdpa,
     conv_channels_last,
@@ -45,6 +47,7 @@ from npu_graph.passes import (
 )
 
 PASSES: list[ModuleType] = [
+    canonical_form,
     canonicalize,
     short_depthwise_conv,
     conv_channels_last,

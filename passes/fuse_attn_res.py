@@ -84,7 +84,7 @@ def _norm_leaf(node: Node) -> NormLeaf | None:
         norm = parse_norm(node)
     except NoMatch:
         return None
-    return NormLeaf(node, norm.xf, None, norm.eps)
+    return NormLeaf(node, norm.xf, None, norm.eps) if not norm.weights else None
 
 
 def _norms_in(expr: Expr, found: dict[Node, NormLeaf | None]) -> dict[Node, NormLeaf | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -21,11 +21,14 @@ import torch.fx
 import torch.utils._sympy.functions as sympy_functions
 
 from npu_graph.pass_api import MetaKey, PassContext, PassResult
-from npu_graph.passes.matching.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat, flatten
+from npu_graph.passes.canonical.masks import Mask, peel_mask, triangle
+from npu_graph.passes.canonical.printer import canonical_text
+from npu_graph.passes.canonical.terms import Contraction, contraction
+from npu_graph.passes.matching.axis_trace import Dim, Expr, TraceError, Tracer, as_leaf, flat
 from npu_graph.passes.matching.fusion_graph import causal_lengths_from_mask, fuse_matches, int32_table, leaf_root_ids
-from npu_graph.passes.matching.match_util import Mask, NoMatch, paged_read, peel_mask, topk_parts
+from npu_graph.passes.matching.match_util import NoMatch, paged_read, topk_parts
 from npu_graph.passes.matching.materialize import materialize, size_arg
-from npu_graph.passes.matching.values import arg, val
+from npu_graph.passes.matching.values import arg, known_positive, val
 
 NAME = "fuse_lightning_indexer"
 INFERENCE_ONLY = True
@@ -50,33 +53,52 @@ class IndexerMatch:
     keys: Dim
     scale: float
     mask: Mask | None
+    scalars: list = field(default_factory=list)    # 0-dim tensors the scale is multiplied by
 
 
-def _has_relu(expr: Expr) -> bool:
-    return expr.kind == "relu" or any(_has_relu(f) for f in expr.factors)
+def _relu_terms(c: Contraction) -> tuple[list[Expr], list[Expr]]:
+    return [f for f in c.factors if f.kind == "relu"], [f for f in c.factors if f.kind != "relu"]
 
 
-def _roots(tracer: Tracer, leaf: Expr) -> set[int]:
-    return leaf_root_ids(tracer, leaf.node)
+def _near(tracer: Tracer, score: Expr) -> bool:
+    """Worth a near miss: the score is a contraction with a factor that is an elementwise function (relu or another)
+    of a contraction — the shape of the indexer, whatever differs."""
+    top = contraction(tracer, score)
+    inner = [f for f in top.factors if f.kind in ("relu", "unary") and f.factors]
+    return bool(top.reduced) and any(contraction(tracer, f.factors[0]).reduced for f in inner)
 
 
-def _split_factors(tracer: Tracer, expr: Expr) -> tuple[Expr, Expr, Expr, Expr, float]:
-    """(w, q, k as leaves, the q·k contraction, the overall scale) from c·Σ_h w·relu(c'·Σ_d q·k)."""
-    top = flatten(expr)
-    relus = [f for f in top.factors if f.kind == "relu"]
-    others = [f for f in top.factors if f.kind != "relu"]
-    if top.kind not in ("mul", "matmul") or len(relus) != 1 or len(others) != 1:
-        raise NoMatch("score is not Σ_h w · relu(...)")
-    inner = flatten(relus[0].factors[0])
-    if inner.kind not in ("mul", "matmul") or len(inner.factors) != 2 or not inner.reduced:
-        raise NoMatch("relu input is not a contraction of two tensors")
-    if inner.scale <= 0:
-        raise NoMatch("a non-positive scale inside the relu does not commute with it")
+def _split_factors(tracer: Tracer, expr: Expr) -> tuple[Expr, Expr, Expr, Contraction, float, list]:
+    """(w, q, k as leaves, the q·k contraction, the constant scale, the 0-dim scale factors) from
+    c·Σ_h w·relu(c'·Σ_d q·k), read as canonical contractions (canonical/terms.py)."""
+    top = contraction(tracer, expr)
+    relus, others = _relu_terms(top)
+    if not relus:
+        found = next((f for f in top.factors if f.kind == "unary"), None)
+        raise NoMatch("the score applies another function than relu to q·k", differs=_differs(found, "relu"))
+    if len(relus) != 1 or len(others) != 1:
+        raise NoMatch("score is not Σ_h w · relu(...)",
+                      differs=f"{len(others)} factors beside relu(q·k) where the pattern has one (the head weights)")
+    inner = contraction(tracer, relus[0].factors[0])
+    if len(inner.factors) != 2 or not inner.reduced:
+        raise NoMatch("relu input is not a contraction of two tensors",
+                      differs=f"relu of a product of {len(inner.factors)} tensors where the pattern has q·k")
+    if inner.scale <= 0 or not all(known_positive(s) for s in inner.scalars):
+        raise NoMatch("a non-positive scale (or one not known positive) inside the relu does not commute with it")
     w = as_leaf(tracer, others[0])
     a, b = (as_leaf(tracer, f) for f in inner.factors)
     w_axes = _roots(tracer, w)
     q, k = (a, b) if len(_roots(tracer, a) & w_axes) >= len(_roots(tracer, b) & w_axes) else (b, a)
-    return w, q, k, inner, top.scale * relus[0].scale * inner.scale
+    return w, q, k, inner, top.scale * relus[0].scale * inner.scale, top.scalars + inner.scalars
+
+
+def _differs(found: Expr | None, wanted: str) -> str:
+    name = getattr(getattr(found, "node", None), "target", None)
+    return f"{getattr(name, '_opname', name)}(q·k) where the pattern has {wanted}(q·k)"
+
+
+def _roots(tracer: Tracer, leaf: Expr) -> set[int]:
+    return leaf_root_ids(tracer, leaf.node)
 
 
 def _roles(tracer: Tracer, score_dims: list[Dim], leaves: tuple[Expr, Expr, Expr], heads: list, depth: list
@@ -123,18 +145,29 @@ def match(topk: torch.fx.Node) -> IndexerMatch:
     tracer = Tracer()
     traced = tracer.trace(score)
     expr = traced.expr
-    near = _has_relu(expr)
+    near = _near(tracer, expr)
+    try:
+        _check_selection(x, count, dim, largest, mask)
+        w, q, k, inner, scale, scalars = _split_factors(tracer, expr)
+        roles = _roles(tracer, traced.dims, (w, q, k), list(contraction(tracer, expr).reduced), list(inner.reduced))
+    except (NoMatch, TraceError, KeyError) as exc:
+        text = canonical_text(tracer, expr) if near else None
+        raise NoMatch(str(exc), near, text, getattr(exc, "differs", None)) from exc
+    return IndexerMatch(topk, count, count_arg, tracer, q.node, k.node, w.node, scale=scale, mask=mask,
+                        scalars=scalars, **roles)
+
+
+def _check_selection(x: torch.fx.Node, count: int | None, dim: int, largest: bool, mask: Mask | None) -> None:
+    """Top-k over the last dim, largest first, with a static count; a mask of no more dims than the score and not
+    shown by the graph to let queries see later keys (the op is causal)."""
     if count is None or dim % val(x).dim() != val(x).dim() - 1 or not largest:
-        raise NoMatch("top-k is not over the last dim, largest first, with a static count or bound", near)
+        raise NoMatch("top-k is not over the last dim, largest first, with a static count or bound")
     extra = val(mask.tensor).dim() - val(x).dim() if mask is not None else 0
     if extra > 0 and any(s != 1 for s in val(mask.tensor).shape[:extra]):
-        raise NoMatch("the mask has more dims than the score", near)
-    try:
-        w, q, k, inner, scale = _split_factors(tracer, expr)
-        roles = _roles(tracer, traced.dims, (w, q, k), list(flatten(expr).reduced), list(inner.reduced))
-    except (NoMatch, TraceError, KeyError) as exc:
-        raise NoMatch(str(exc), near) from exc
-    return IndexerMatch(topk, count, count_arg, tracer, q.node, k.node, w.node, scale=scale, mask=mask, **roles)
+        raise NoMatch("the mask has more dims than the score")
+    if mask is not None and triangle(mask) == "upper":
+        raise NoMatch("the mask is not causal: it lets each query see the keys after its position",
+                      differs="an upper-triangular mask where the pattern has a causal (lower-triangular) one")
 
 
 def _key_input(graph: torch.fx.Graph, m: IndexerMatch) -> tuple[torch.fx.Node, torch.fx.Node | None, str]:
@@ -165,6 +198,8 @@ def rewrite(gm: torch.fx.GraphModule, m: IndexerMatch, windows: bool = False) ->
         w = materialize(graph, m.w, m.tracer.leaf_dims[m.w], [tuple(m.batch), tuple(m.rows), tuple(m.heads)])
         if m.scale != 1.0:
             w = graph.call_function(aten.mul.Tensor, (w, m.scale))
+        for scalar in m.scalars:
+            w = graph.call_function(aten.mul.Tensor, (w, scalar))
         key, table, layout = _key_input(graph, m)
         lengths_q, lengths_k, starts = _lengths(graph, m, peel_mask(m.topk.args[0])[0], windows)
         fused = graph.call_function(torch.ops.ascend_dsa.lightning_indexer.default,

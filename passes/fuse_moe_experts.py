@@ -3,7 +3,8 @@ routing weights and ids [T, k]:
 - loop: acc = 0; for every expert e: acc = acc + down_e(silu(gate_e(x)) * up_e(x)) * Σ_j w[:, j]·(ids[:, j] == e)
   (the reference model, and per-expert loops as model authors write them);
 - grouped: transformers' grouped_mm experts: perm = sort(ids.flatten()), grouped_mm(x[perm // k], w13ᵀ, offs),
-  silu(gate) * up, grouped_mm(., w2ᵀ, offs) * w.flatten()[perm], inverse permutation, view(T, k, H).sum(1)
+  silu(gate) * up over the halves of its output, grouped_mm(., w2ᵀ, offs) * w.flatten()[perm], inverse
+  permutation, view(T, k, H).sum(1)
   -> fused_moe(x, w13 [E, 2I, H], w2 [E, H, I], w, ids)
 Loop experts keep their weights as separate graph inputs (parameters lifted by Dynamo): the pass stacks them
 into w13/w2 inside the graph, which copies every expert's weights on each call; grouped experts are
@@ -19,6 +20,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.reading import halves
 from npu_graph.passes.matching.fusion_graph import fuse_each
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, is_zero, strip, strip_casts, strip_views, val
@@ -187,21 +189,16 @@ def _offsets_ok(offs: Node, sort: Node, experts: int) -> bool:
 
 
 def _gated(node: Node) -> Node | None:
-    """The up-projection `u` of silu(u[:, :I]) * u[:, I:] (a two-way split or chunk of the last dim)."""
-    if node.target != aten.mul.Tensor or getattr(node.args[0], "target", None) != aten.silu.default:
+    """The up-projection `u` of silu(u[:, :I]) * u[:, I:] (the halves of the last dim: canonical_form makes a
+    two-way split or chunk slices)."""
+    if node.target != aten.mul.Tensor:
         return None
-    gate, up = node.args[0].args[0], node.args[1]
-    if not (isinstance(up, Node) and gate.target is operator.getitem and up.target is operator.getitem):
-        return None
-    split = gate.args[0]
-    if split is not up.args[0] or (gate.args[1], up.args[1]) != (0, 1):
-        return None
-    if split.target not in (aten.split.Tensor, aten.split_with_sizes.default) \
-            or not is_last_dim(arg(split, 2, 0), split.args[0]):
-        return None
-    width = val(split.args[0]).shape[-1]
-    halves = split.args[1] if split.target == aten.split_with_sizes.default else [split.args[1]] * 2
-    return split.args[0] if list(halves) == [width // 2] * 2 and width % 2 == 0 else None
+    for gate, up in (node.args[:2], node.args[1::-1]):
+        if getattr(gate, "target", None) == aten.silu.default:
+            u = halves(gate.args[0], up)
+            if u is not None:
+                return u
+    return None
 
 
 def _sorted_rows(node: Node) -> tuple[Node, Node]:

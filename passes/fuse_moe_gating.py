@@ -22,8 +22,11 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.masks import peel_mask
+from npu_graph.passes.canonical.reading import sigmoid_of, softmax_of
+from npu_graph.passes.canonical.structure import Structure
 from npu_graph.passes.matching.fusion_graph import fuse_matches
-from npu_graph.passes.matching.match_util import NoMatch, peel_mask, topk_parts
+from npu_graph.passes.matching.match_util import NoMatch, topk_parts
 from npu_graph.passes.matching.values import (
     NEGATIONS,
     RESHAPES,
@@ -63,14 +66,17 @@ class Gating:
 
 
 def _norm(node: object) -> tuple[Node, int] | None:
-    """(logits, norm_type) for sigmoid(logits) (1) or softmax(logits, -1) (0)."""
+    """(logits, norm_type) for sigmoid(logits) (1) or softmax(logits, -1) (0), in any of their spellings
+    (canonical/reading.py)."""
     node = strip_casts(node)
     if not isinstance(node, Node):
         return None
-    if node.target == aten.sigmoid.default:
-        return node.args[0], 1
-    if node.target == aten._softmax.default and is_last_dim(node.args[1], node):
-        return node.args[0], 0
+    logits = sigmoid_of(node)
+    if logits is not None:
+        return logits, 1
+    soft = softmax_of(node, Structure(node.graph))
+    if soft is not None and is_last_dim(soft[1], node):
+        return soft[0], 0
     return None
 
 
@@ -135,12 +141,20 @@ def _selection(m: Gating) -> Node:
         return norm
     keep = mask.tensor
     if mask.kind == "invisible":
-        keep = strip_views(keep)
-        if keep.target not in NEGATIONS:
+        keep = _complement(strip_views(keep))
+        if keep is None:
             raise NoMatch("the masked experts are not the complement of the kept groups")
-        keep = keep.args[0]
     _groups(m, keep, score)
     return norm
+
+
+def _complement(hidden: Node) -> Node | None:
+    """keep when `hidden` is not(keep), or keep == 0 for a 0/1 keep."""
+    if hidden.target in NEGATIONS:
+        return hidden.args[0]
+    if hidden.target == aten.eq.Scalar and is_zero(hidden.args[1]):
+        return hidden.args[0]
+    return None
 
 
 def _unsqueezes_last(mask: Node) -> bool:

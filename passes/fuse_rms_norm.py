@@ -1,13 +1,14 @@
 """fuse_rms_norm: RMSNorm written out in ATen ops -> `ascend_dsa.rms_norm`.
 
-Pattern (anchored on the normalizing mul or div):
-    n = xf · rsqrt(mean(xf², -1, keepdim=True) + eps)
-where rsqrt may be written 1/sqrt, reciprocal(sqrt) or pow(-0.5), or n = xf / sqrt(...); xf² may be
-pow(xf, 2) or xf·xf; eps may be absent. The norm must be computed in fp32 (xf is the fp32 input, or a
-bf16/fp16 input x cast to fp32): a norm computed in a low-precision dtype is a near miss, because the op
-computes in fp32; so is an eps that is a run-time tensor (what dynamic=True makes of a float attribute),
-because the op takes a constant. Optionally n's only use is p = n · w, with w over the last dim only (a
-weight, or an expression of one such as Gemma's 1 + w).
+Pattern, in canonical terms (anchored on the outermost product; canonical_form has made x² and pow(x, 2) a
+product x·x, and canonical/reading.py reads 1/sqrt, pow(-0.5) and / sqrt as rsqrt and sum / D as a mean):
+    n = Π {xf, rsqrt(mean(xf·xf, -1, keepdim=True) + eps), w...}
+the factors in any order and association, the w (none, or several) over the last dim only (a weight, or an
+expression of one such as Gemma's 1 + w); eps may be absent, a number, or the 0-dim tensor dynamic=True makes of
+a float attribute (Dynamo is then asked to trace again with that float a constant, npu_graph.capture). The norm
+must be computed in fp32 (xf is the fp32 input, or a bf16/fp16 input x cast to fp32): a norm computed in a
+low-precision dtype is a near miss, because the op computes in fp32.
+Without a weight factor, n's only use may be p = n · w.
 
 The op computes x · rstd · gamma in fp32 and rounds once to x's dtype, so the rewrite follows the model's
 casts exactly:
@@ -22,16 +23,18 @@ casts exactly:
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 from torch._prims_common import is_contiguous_or_false
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.reading import divided_by_root, mean_of, rsqrt_of
+from npu_graph.passes.canonical.structure import Structure
 from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_each
 from npu_graph.passes.matching.match_util import NoMatch
-from npu_graph.passes.matching.values import arg, same_size, val
+from npu_graph.passes.matching.values import same_size, strip_casts, val
 
 NAME = "fuse_rms_norm"
 INFERENCE_ONLY = True
@@ -45,100 +48,114 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 @dataclass
 class Norm:
-    """n = xf · rsqrt(mean(xf², -1, keepdim=True) + eps)."""
+    """node = xf · rsqrt(mean(xf², -1, keepdim=True) + eps) · Π weights · Π extra (weights: factors over the last
+    dim only; eps a number, or a 0-dim tensor that dynamic=True made of a float)."""
 
     node: Node
     xf: Node
-    eps: float
+    eps: float | Node
+    weights: list[Node] = field(default_factory=list)
+    chain: list[Node] = field(default_factory=list)     # the product nodes the norm's value is made of
+    extra: list[Node] = field(default_factory=list)     # factors along other dims too (a gate): multiplied after
 
 
 @dataclass
 class Plan:
-    """rms_norm(x, gamma (None: ones), eps)[0] replaces every node of `targets`; `end` is n or p."""
+    """rms_norm(x, Π gamma (none: ones), eps)[0] replaces every node of `targets`; `end` is n or p."""
 
     x: Node
-    gamma: Node | None
+    gamma: list[Node]
     end: Node
     targets: list[Node]
 
 
-def _inverse_sqrt_arg(node: object) -> Node | None:
-    """s for rsqrt(s), reciprocal(sqrt(s)) and pow(s, -0.5)."""
-    if not isinstance(node, Node):
-        return None
-    if node.target == aten.rsqrt.default:
-        return node.args[0]
-    if node.target == aten.reciprocal.default and getattr(node.args[0], "target", None) == aten.sqrt.default:
-        return node.args[0].args[0]
-    if node.target == aten.pow.Tensor_Scalar and node.args[1] == -0.5:
-        return node.args[0]
-    return None
+@dataclass
+class Product:
+    """An elementwise product read in canonical terms: `factors` (nodes), `roots` (x of each rsqrt(x) factor, a
+    division by sqrt(x) included) and `chain` (the product nodes opened up)."""
+
+    factors: list[Node] = field(default_factory=list)
+    roots: list[Node] = field(default_factory=list)
+    chain: list[Node] = field(default_factory=list)
 
 
-def _split(node: Node) -> tuple[Node, Node] | None:
-    """(xf, s) for n = xf · rsqrt(s) in any of its spellings, or n = xf / sqrt(s)."""
-    args = node.args
-    if node.target == aten.div.Tensor and getattr(args[1], "target", None) == aten.sqrt.default:
-        return args[0], args[1].args[0]
-    if node.target != aten.mul.Tensor or not all(isinstance(a, Node) for a in args[:2]):
-        return None
-    for a, b in (args[:2], args[1::-1]):
-        s = _inverse_sqrt_arg(b)
-        if s is not None:
-            return a, s
-    return None
+def product_factors(node: Node) -> Product:
+    """The product `node` computes however it is associated: product nodes whose value feeds only this product
+    (in the same dtype) are opened up."""
+    found, pending = Product(), [node]
+    while pending:
+        current = pending.pop()
+        inner = current is node or (len(current.users) == 1 and val(current).dtype == val(node).dtype)
+        divided = divided_by_root(current) if inner else None
+        root = rsqrt_of(current)
+        if inner and current.target == aten.mul.Tensor and all(isinstance(a, Node) for a in current.args[:2]):
+            found.chain.append(current)
+            pending += list(current.args[1::-1])
+        elif divided is not None:
+            found.chain.append(current)
+            pending.append(divided[0])
+            found.roots.append(divided[1])
+        elif root is not None:
+            found.roots.append(root)
+        else:
+            found.factors.append(current)
+    return found
 
 
-def _squared(node: object) -> Node | None:
-    if not isinstance(node, Node):
-        return None
-    if node.target == aten.pow.Tensor_Scalar and node.args[1] == 2:
-        return node.args[0]
-    if node.target == aten.mul.Tensor and node.args[0] is node.args[1]:
-        return node.args[0]
-    return None
-
-
-def _same_value(a: Node, b: Node) -> bool:
-    """The same node, or the same cast of the same node (`x.float()` written twice)."""
-    return a is b or (a.target == b.target == aten._to_copy.default and a.args == b.args
-                      and a.kwargs == b.kwargs)
-
-
-def _mean_of_squares(s: Node) -> tuple[Node, float]:
-    """(the squared tensor, eps) for s = mean(t², -1, keepdim=True) + eps."""
+def _mean_of_squares(s: Node, structure: Structure) -> tuple[Node, float | Node]:
+    """(the squared tensor, eps) for s = mean(t · t, -1, keepdim=True) + eps."""
     eps: object = 0.0
     if s.target in (aten.add.Tensor, aten.add.Scalar) and s.kwargs.get("alpha", 1) == 1:
-        s, eps = s.args[0], s.args[1]
-    base = _squared(s.args[0]) if isinstance(s, Node) and s.target == aten.mean.dim else None
-    if base is None:
-        raise NoMatch("not a mean of squares", near=False)
-    if not isinstance(eps, (int, float)):
-        raise NoMatch("eps is a run-time tensor (a float made symbolic by dynamic=True?); the op takes a constant")
+        s, eps = s.args if mean_of(s.args[0]) is not None else s.args[::-1]
+    mean = mean_of(s)
+    square = mean[0] if mean is not None else None
+    if not (isinstance(square, Node) and square.target == aten.mul.Tensor and structure.same(*square.args[:2])):
+        raise NoMatch("x·rsqrt(...) of something else than a mean of squares", near=mean is not None,
+                      differs=f"mean({getattr(square, 'name', square)}) where the pattern has mean(x·x)")
+    base, dims, keepdim = square.args[0], mean[1], mean[2]
     rank = val(base).dim()
-    keepdim = arg(s, 2, False, "keepdim")
-    if len(s.args[1]) != 1 or s.args[1][0] % rank != rank - 1 or not keepdim:
+    if len(dims) != 1 or dims[0] % rank != rank - 1 or not keepdim:
         raise NoMatch("the mean of squares is not over the last dim with keepdim=True")
-    if eps < 0:
-        raise NoMatch(f"negative eps {eps}")
+    if isinstance(eps, Node):
+        value = val(eps)
+        if value is None or value.dim() != 0 or not value.dtype.is_floating_point:
+            raise NoMatch("eps is a tensor with elements along some dim; rms_norm takes one number")
+        return base, eps
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise NoMatch(f"eps {eps!r} is not a number >= 0")
     return base, float(eps)
 
 
-def parse_norm(node: Node) -> Norm:
-    """The RMSNorm whose normalized value is `node`, or NoMatch (near once a mean of squares is seen)."""
-    split = _split(node) if node.op == "call_function" else None
-    if split is None or not all(isinstance(a, Node) for a in split):
+def parse_norm(node: Node, structure: Structure | None = None) -> Norm:
+    """The RMSNorm whose normalized (and weighted) value is `node`, or NoMatch (near once a mean of squares is
+    seen)."""
+    structure = structure or Structure(node.graph)
+    product = product_factors(node) if node.target in (aten.mul.Tensor, aten.div.Tensor) else Product()
+    if len(product.roots) != 1:
         raise NoMatch("not x·rsqrt(...)", near=False)
-    xf, s = split
-    base, eps = _mean_of_squares(s)
-    if not _same_value(base, xf):
+    base, eps = _mean_of_squares(product.roots[0], structure)
+    xf = next((f for f in product.factors if structure.same(f, base)), None)
+    if xf is None:
         raise NoMatch("the tensor normalized is not the one squared")
     xv, nv = val(xf), val(node)
     if xv.dim() != nv.dim() or not all(same_size(a, b) for a, b in zip(xv.shape, nv.shape)):
         raise NoMatch("the normalization broadcasts its input")
     if xv.dtype != torch.float32 or nv.dtype != torch.float32:
         raise NoMatch(f"the norm is computed in {nv.dtype}; rms_norm computes in float32")
-    return Norm(node, xf, eps)
+    others = [f for f in product.factors if f is not xf]
+    weights = [f for f in others if _over_last_dim(f, nv)]
+    return Norm(node, xf, eps, weights, product.chain, [f for f in others if f not in weights])
+
+
+def _over_last_dim(w: Node, like: torch.Tensor) -> bool:
+    """w is a floating-point tensor along the last dim of `like` only (leading unit dims allowed)."""
+    wv = val(w)
+    if wv is None or not wv.dtype.is_floating_point or wv.dim() > like.dim():
+        return False
+    shape = list(wv.shape)
+    while len(shape) > 1 and same_size(shape[0], 1):
+        shape.pop(0)
+    return len(shape) == 1 and same_size(shape[0], like.shape[-1])
 
 
 def _weight(n: Node) -> tuple[Node, Node] | None:
@@ -149,13 +166,8 @@ def _weight(n: Node) -> tuple[Node, Node] | None:
     if p.target != aten.mul.Tensor or p.kwargs or not all(isinstance(a, Node) for a in p.args):
         return None
     w = p.args[1] if p.args[0] is n else p.args[0]
-    wv, nv, pv = val(w), val(n), val(p)
-    if w is n or wv is None or pv is None or pv.dtype != torch.float32 or not wv.dtype.is_floating_point:
-        return None
-    shape = list(wv.shape)
-    while len(shape) > 1 and same_size(shape[0], 1):
-        shape.pop(0)
-    if wv.dim() > nv.dim() or len(shape) != 1 or not same_size(shape[0], nv.shape[-1]):
+    pv = val(p)
+    if w is n or pv is None or pv.dtype != torch.float32 or not _over_last_dim(w, val(n)):
         return None
     return p, w
 
@@ -183,9 +195,9 @@ def _low_precision_input(xf: Node) -> Node | None:
 
 def plan(norm: Norm) -> Plan:
     """Which nodes the op replaces, following where the model casts (see the module docstring)."""
-    weighted = _weight(norm.node)
-    options = ([weighted] if weighted else []) + [(norm.node, None)]
-    low = _low_precision_input(norm.xf)
+    weighted = None if norm.weights or norm.extra else _weight(norm.node)
+    options = ([(weighted[0], [weighted[1]])] if weighted else []) + [(norm.node, norm.weights)]
+    low = _low_precision_input(norm.xf) if not norm.extra else None
     if low is not None:
         for end, gamma in options:
             casts = _casts_to(end, val(low).dtype)
@@ -195,12 +207,16 @@ def plan(norm: Norm) -> Plan:
     return Plan(norm.xf, gamma, end, [end])
 
 
-def _gamma(graph: torch.fx.Graph, x: Node, weight: Node | None) -> Node:
-    """The weight as the op takes it ([D], x's dtype or fp32), or ones when the norm has none."""
+def _gamma(graph: torch.fx.Graph, x: Node, weights: list[Node]) -> Node:
+    """The weight as the op takes it ([D], x's dtype or fp32): the product of the weights, or ones."""
     xv = val(x)
-    if weight is None:
+    if not weights:
         size = dim_arg(graph, x, xv.dim() - 1)
         return graph.call_function(aten.ones.default, ([size],), {"dtype": xv.dtype, "device": xv.device})
+    weight = weights[0]
+    for other in weights[1:]:
+        weight = graph.call_function(aten.mul.Tensor, (weight, other))
+        weight.meta["val"] = val(weight.args[0]) * val(other)
     wv = val(weight)
     if wv.dim() != 1:
         weight = graph.call_function(aten.reshape.default, (weight, [-1]))
@@ -215,21 +231,39 @@ def rewrite(gm: torch.fx.GraphModule, norm: Norm, chosen: Plan) -> None:
         gamma = _gamma(graph, chosen.x, chosen.gamma)
         fused = graph.call_function(torch.ops.ascend_dsa.rms_norm.default, (chosen.x, gamma, norm.eps))
         y = graph.call_function(operator.getitem, (fused, 0))
+        for factor in norm.extra if chosen.end is norm.node else ():
+            y = graph.call_function(aten.mul.Tensor, (y, factor))
     y.meta["val"] = chosen.targets[0].meta["val"]  # later matches in this run read it; refresh_meta redoes all
     for target in chosen.targets:
         target.replace_all_uses_with(y)
 
 
-def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    norm = parse_norm(node)
+def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule, structure: Structure, ctx: PassContext,
+          consumed: set[Node]) -> str:
+    """Fuse the norm whose value `node` is (tried outermost product first; the products inside a fused norm are not
+    tried again, and an inner product reports no near miss of its own)."""
+    if node in consumed:
+        raise NoMatch("part of a fused norm", near=False)
+    try:
+        norm = parse_norm(node, structure)
+    except NoMatch as exc:
+        users = list(node.users)
+        inner = len(users) == 1 and users[0].target == aten.mul.Tensor and val(users[0]).dtype == val(node).dtype
+        raise NoMatch(str(exc), exc.near and not inner) from exc
+    if isinstance(norm.eps, Node):
+        ctx.ask_constant(gm, strip_casts(norm.eps))
+        raise NoMatch("eps is a run-time tensor that is no float of the model's; rms_norm takes a number")
     chosen = plan(norm)
     if not is_contiguous_or_false(val(chosen.targets[0])):
         # the chain keeps its input's layout (a transposed x gives a transposed result, which a later view may rely
         # on); rms_norm writes a contiguous result
         raise NoMatch("the norm's result is not contiguous (its input's layout); rms_norm writes a contiguous one")
     rewrite(gm, norm, chosen)
-    return PATTERN if chosen.gamma is None else PATTERN_WEIGHTED
+    consumed.update(norm.chain)
+    return PATTERN_WEIGHTED if chosen.gamma else PATTERN
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
-    return fuse_each(gm, {aten.mul.Tensor, aten.div.Tensor}, lambda node: _fuse(node, gm), PATTERN)
+    structure, consumed = Structure(gm.graph), set()
+    return fuse_each(gm, {aten.mul.Tensor, aten.div.Tensor}, lambda node: _fuse(node, gm, structure, ctx, consumed),
+                     PATTERN, reverse=True)

@@ -8,60 +8,30 @@ exact op sequence, and rebuilds its inputs from leaves with `materialize` (mater
 """
 from __future__ import annotations
 
-import itertools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx
 
+from npu_graph.passes.matching.axis_algebra import (
+    Axis,
+    Dim,
+    TraceError,
+    dim_size,
+    find,
+    flat,
+    regroup,
+    unify_dim,
+)
 from npu_graph.passes.matching.values import CASTS, RESHAPES, UNIT_DIMS, arg, is_neg_inf, same_size
 
+__all__ = ["Axis", "Dim", "Expr", "TraceError", "Tracer", "Value", "as_leaf", "dim_size", "find", "flat", "flatten",
+           "softmax_of", "unify_dim"]
+
 aten = torch.ops.aten
-_ids = itertools.count()
-
-
-class TraceError(Exception):
-    """The subgraph is not an expression the tracer understands; the message says where."""
-
-
-@dataclass(eq=False)
-class Axis:
-    """One index of the expression. Axes that a contraction or product identifies are merged
-    (union-find): compare axes with `find(a) is find(b)`."""
-
-    size: object
-    broadcast: bool = False
-    id: int = field(default_factory=lambda: next(_ids))
-    parent: Axis | None = None
-    source: tuple[torch.fx.Node, int] | None = None
-    parts: tuple[Axis, ...] | None = None
-
-    def __repr__(self) -> str:
-        return f"{'b' if self.broadcast else 'a'}{find(self).id}[{self.size}]"
-
-
-def find(axis: Axis) -> Axis:
-    while axis.parent is not None:
-        axis = axis.parent
-    return axis
-
-
-def flat(dim: Dim | list[Axis]) -> tuple[Axis, ...]:
-    """The root atoms of a dim, with refined axes replaced by their parts."""
-    out: list[Axis] = []
-    for axis in dim:
-        root = find(axis)
-        out.extend(flat(root.parts) if root.parts else (root,))
-    return tuple(out)
-
-
-Dim = tuple[Axis, ...]
-
-
 @dataclass(eq=False)
 class Expr:
-    """kind: leaf | matmul | mul | sum | add | masked | relu | softmax; `node` is the node whose value this is
+    """kind: leaf | matmul | mul | sum | add | masked | relu | unary | softmax; `node` is the node whose value this is
     (its constant factor `scale` included); `reduced` are the axes a matmul or sum contracts."""
 
     kind: str
@@ -90,11 +60,11 @@ def _shape(node: torch.fx.Node) -> list[object]:
     return list(val.shape)
 
 
-def dim_size(dim: Dim) -> object:
-    return math.prod([a.size for a in dim]) if dim else 1
-
-
 _TRANSPARENT = CASTS | {aten.contiguous.default, aten.lift_fresh_copy.default}
+UNARY = frozenset({aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default, aten.exp.default,
+                   aten.abs.default, aten.sqrt.default, aten.rsqrt.default, aten.log.default, aten.erf.default,
+                   aten.elu.default, aten.leaky_relu.default, aten.hardtanh.default, aten.softplus.default,
+                   aten.square.default})
 
 
 class Tracer:
@@ -127,30 +97,10 @@ class Tracer:
         return handler(self, node)
 
 
-def _regroup(dims: list[Dim], shape: list[object]) -> list[Dim]:
-    """Dims after a view to `shape`: merges and un-merges along atomic-axis boundaries only."""
-    atoms = [a for d in dims for a in flat(d)]
-    out, i = [], 0
-    for size in shape:
-        if same_size(size, 1):
-            out.append(())
-            continue
-        group: list[Axis] = []
-        while i < len(atoms) and not same_size(dim_size(tuple(group)), size):
-            group.append(atoms[i])
-            i += 1
-        if not same_size(dim_size(tuple(group)), size):
-            raise TraceError("view splits an atomic axis")
-        out.append(tuple(group))
-    if i != len(atoms):
-        raise TraceError("view drops axes")
-    return out
-
-
 def _view(t: Tracer, node: torch.fx.Node) -> Value:
     """A reshape, unsqueeze or squeeze: the same atoms regrouped into the node's shape."""
     src = t.trace(node.args[0])
-    return Value(_regroup(src.dims, _shape(node)), src.expr)
+    return Value(regroup(src.dims, _shape(node)), src.expr)
 
 
 def _permute(t: Tracer, node: torch.fx.Node) -> Value:
@@ -202,56 +152,6 @@ def _expand(t: Tracer, node: torch.fx.Node) -> Value:
 
 def _passthrough(t: Tracer, node: torch.fx.Node) -> Value:
     return t.trace(node.args[0])
-
-
-def _unify_axis(x: Axis, y: Axis) -> Axis:
-    rx, ry = find(x), find(y)
-    if rx is ry:
-        return rx
-    if not same_size(rx.size, ry.size):
-        raise TraceError("dims of different sizes meet")
-    if rx.broadcast and not ry.broadcast:
-        rx, ry = ry, rx
-    ry.parent = rx
-    return rx
-
-
-def _refine_to_match(fa: tuple[Axis, ...], fb: tuple[Axis, ...]) -> bool:
-    """Split the first atom where the two factorizations differ so that they line up (static sizes only)."""
-    for x, y in zip(fa, fb):
-        if same_size(x.size, y.size):
-            continue
-        if not (isinstance(x.size, int) and isinstance(y.size, int)):
-            return False
-        big, rest = (x, fb[fb.index(y):]) if x.size > y.size else (y, fa[fa.index(x):])
-        sizes, product = [], 1
-        for axis in rest:
-            if not isinstance(axis.size, int) or product >= big.size:
-                break
-            sizes.append(axis.size)
-            product *= axis.size
-        if product != big.size or (big.source is None and big.parts is None and len(sizes) < 2):
-            return False
-        big.parts = tuple(Axis(size) for size in sizes)
-        return True
-    return False
-
-
-def unify_dim(a: Dim, b: Dim) -> Dim:
-    """Two dims that must index the same thing: their axes are identified atom by atom (a broadcast
-    dim takes the other side's axes; an atom meeting several smaller ones is split to match them)."""
-    if not a or not b:
-        return a or b
-    fa, fb = flat(a), flat(b)
-    if all(x.broadcast for x in fa) and len(fa) != len(fb):
-        return b
-    if all(x.broadcast for x in fb) and len(fa) != len(fb):
-        return a
-    while len(fa) != len(fb) or any(not same_size(x.size, y.size) for x, y in zip(fa, fb)):
-        if not same_size(dim_size(fa), dim_size(fb)) or not _refine_to_match(fa, fb):
-            raise TraceError("dims index different axes")
-        fa, fb = flat(a), flat(b)
-    return tuple(_unify_axis(x, y) for x, y in zip(fa, fb))
 
 
 def _contract(kind: str, node: torch.fx.Node, factors: list[Value], out_dims: list[Dim], reduced: set[Axis]
@@ -316,6 +216,21 @@ def _relu(t: Tracer, node: torch.fx.Node) -> Value:
     return Value(src.dims, Expr("relu", node=node, factors=(src.expr,)))
 
 
+def _unary(t: Tracer, node: torch.fx.Node) -> Value:
+    """Another elementwise function of one tensor (gelu, sigmoid, exp...): kind "unary", named by its node's op,
+    so that a near miss can say which function stands where a pattern wants another."""
+    if any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
+        raise TraceError(f"{node.target} of several tensors")
+    src = t.trace(node.args[0])
+    return Value(src.dims, Expr("unary", node=node, factors=(src.expr,)))
+
+
+def _negate(t: Tracer, node: torch.fx.Node) -> Value:
+    src = t.trace(node.args[0])
+    e = src.expr
+    return Value(src.dims, Expr(e.kind, node, e.factors, e.reduced, -e.scale, e.axes))
+
+
 def _softmax(t: Tracer, node: torch.fx.Node) -> Value:
     src = t.trace(node.args[0])
     dim = src.dims[node.args[1] % len(src.dims)]
@@ -343,6 +258,8 @@ _HANDLERS = {
     aten.add.Tensor: _add,
     aten.sum.dim_IntList: _sum,
     aten.relu.default: _relu,
+    aten.neg.default: _negate,
+    **dict.fromkeys(UNARY, _unary),
     aten._softmax.default: _softmax,
 }
 

@@ -90,7 +90,8 @@ def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[to
             matches[fuse(node)] += 1
         except (NoMatch, TraceError) as exc:
             if getattr(exc, "near", trace_errors_are_near):
-                near.append(near_miss(label, node, str(exc)))
+                near.append(near_miss(label, node, str(exc), getattr(exc, "canonical", None),
+                                      getattr(exc, "differs", None)))
     if matches:
         gm.graph.eliminate_dead_code()
         refresh_meta(gm, since=before)

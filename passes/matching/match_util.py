@@ -1,48 +1,27 @@
-"""What a failed or partial match says, and the small structures fusion passes read: masks in their usual
-forms, the parts of a top-k, paged cache reads, and the near-miss record."""
+"""What a failed or partial match says, and the small structures fusion passes read: the parts of a top-k, paged
+cache reads, and the near-miss record (masks: passes/canonical/masks.py)."""
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 
 import torch
 import torch.fx
 
-from npu_graph.passes.matching.values import is_neg_inf, val
+from npu_graph.passes.matching.values import val
 
 aten = torch.ops.aten
 
 
 class NoMatch(Exception):
-    """The candidate does not match; `near` marks a candidate worth reporting as a near miss."""
+    """The candidate does not match; `near` marks a candidate worth reporting as a near miss. `canonical` is the
+    candidate's canonical expression at the anchor and `differs` the first of its terms that is not the pattern's
+    (passes/canonical/printer.py), where the pass read that far."""
 
-    def __init__(self, reason: str, near: bool = True):
+    def __init__(self, reason: str, near: bool = True, canonical: str | None = None, differs: str | None = None):
         super().__init__(reason)
         self.near = near
-
-
-@dataclass
-class Mask:
-    """How a score tensor was masked: `tensor` is bool visible/invisible or an additive float mask."""
-
-    kind: str  # "visible" | "invisible" | "additive"
-    tensor: torch.fx.Node
-
-
-def peel_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, Mask | None]:
-    """Score node without its mask, and the mask (masked_fill / where / additive) if there is one."""
-    target, args = node.target, node.args
-    if target in (aten.masked_fill.Scalar, aten.masked_fill.Tensor) and is_neg_inf(args[2]):
-        return args[0], Mask("invisible", args[1])
-    if target == aten.where.self and is_neg_inf(args[2]):
-        return args[1], Mask("visible", args[0])
-    if target == aten.where.self and is_neg_inf(args[1]):
-        return args[2], Mask("invisible", args[0])
-    if target == aten.add.Tensor and all(isinstance(a, torch.fx.Node) for a in args[:2]):
-        a, b = val(args[0]), val(args[1])
-        if a is not None and b is not None and b.dtype.is_floating_point and b.dim() >= 2:
-            return args[0], Mask("additive", args[1])
-    return node, None
+        self.canonical = canonical
+        self.differs = differs
 
 
 def topk_parts(topk: torch.fx.Node) -> tuple[torch.fx.Node | None, torch.fx.Node | None]:
@@ -65,5 +44,11 @@ def paged_read(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | Non
     return cache, table
 
 
-def near_miss(pattern: str, node: torch.fx.Node, reason: str) -> dict[str, str]:
-    return {"pattern": pattern, "node": node.name, "reason": reason}
+def near_miss(pattern: str, node: torch.fx.Node, reason: str, canonical: str | None = None,
+              differs: str | None = None) -> dict[str, str]:
+    record = {"pattern": pattern, "node": node.name, "reason": reason}
+    if canonical:
+        record["canonical"] = canonical
+    if differs:
+        record["differs"] = differs
+    return record

@@ -93,3 +93,32 @@ def negated_bool(node: object) -> torch.fx.Node | None:
         return None
     source = node.args[0]
     return source if getattr(val(source), "dtype", None) == torch.bool else None
+
+
+_POSITIVE_OF_POSITIVE = frozenset({aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.exp.default,
+                                   aten._to_copy.default, aten.clone.default, aten.pow.Tensor_Tensor,
+                                   aten.pow.Tensor_Scalar})
+
+
+def known_positive(node: Any, depth: int = 0) -> bool:
+    """Whether a scalar value is > 0 by construction: a positive number, a size, a 0-dim tensor made of one, and
+    roots, powers, reciprocals, exponentials, products and quotients of those (what a scale computed from a
+    symbolic head dim is)."""
+    if depth > 12:
+        return False
+    if isinstance(node, (torch.SymInt, torch.SymFloat)):
+        return bool(node.node.expr.is_positive)
+    if not isinstance(node, torch.fx.Node):
+        number = scalar(node)
+        return number is not None and number > 0
+    if node.op == "placeholder":
+        value = node.meta.get("val")
+        return isinstance(value, (torch.SymInt, torch.SymFloat)) and bool(value.node.expr.is_positive)
+    target = node.target
+    if target == aten.scalar_tensor.default or target in _POSITIVE_OF_POSITIVE:
+        return known_positive(node.args[0], depth + 1)
+    if str(target) == "prims.convert_element_type.default":
+        return known_positive(node.args[0], depth + 1)
+    if target in (aten.mul.Tensor, aten.div.Tensor):
+        return all(known_positive(a, depth + 1) for a in node.args[:2])
+    return False

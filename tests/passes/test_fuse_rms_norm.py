@@ -133,11 +133,23 @@ def test_symbolic_sizes(watch_pass):
     assert_close(r.out, r.ref, torch.float32)
 
 
-def test_eps_made_symbolic_by_dynamic_true_is_a_near_miss(watch_pass):
+def test_eps_that_dynamic_true_made_a_tensor_becomes_a_constant_again(watch_pass):
+    """dynamic=True passes the module's float eps as a 0-dim tensor; the pass asks Dynamo to trace again with it a
+    constant (which Dynamo guards), and the norm fuses with symbolic sizes."""
     x, w = inputs(torch.float32)
     r = run(watch_pass, reference_module(w), x, dynamic=True)
-    assert r.report.fused_ops == {} and torch.equal(r.out, r.ref)
-    assert "eps is a run-time tensor" in r.stats["near_misses"][0]["reason"]
+    assert r.report.fused_ops == {"rms_norm": 1} and r.stats["near_misses"] == []
+    assert_close(r.out, r.ref, torch.float32)
+
+
+def test_norm_times_a_gate_fuses_the_norm_and_keeps_the_gate(watch_pass):
+    def gated(x, w):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+        return (w * h) * torch.sigmoid(x.flip(-1))
+
+    r = run(watch_pass, gated, *inputs(torch.float32))
+    assert r.report.fused_ops == {"rms_norm": 1} and "aten.sigmoid" in r.after
+    assert_close(r.out, r.ref, torch.float32)
 
 
 def test_graph_without_rms_norm_is_unchanged(watch_pass):
