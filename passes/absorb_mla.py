@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.reading import transposed
 from npu_graph.passes.matching.attention_parts import score_terms, softmax_parts, split_score_and_mask
 from npu_graph.passes.matching.axis_trace import Dim, Tracer, flat
 from npu_graph.passes.matching.fusion_graph import dim_arg, fuse_matches
@@ -40,7 +41,8 @@ _EMPTY = {aten.new_empty.default, aten.empty.memory_format, aten.empty_like.defa
           aten.zeros.default}
 
 _LAYOUT = RESHAPES | {aten.transpose.int, aten.permute.default, aten.clone.default, aten.expand.default}
-_SCALES = {aten.mul.Scalar, aten.mul.Tensor, aten.div.Scalar}
+_SCALES = {aten.mul.Scalar, aten.mul.Tensor, aten.div.Scalar, aten.div.Tensor}
+_DIVISIONS = {aten.div.Scalar, aten.div.Tensor}
 
 
 @dataclass
@@ -106,9 +108,9 @@ def head_projection(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, 
     product = per_head
     while product.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
         product = product.args[0]
-    if product.target != aten.mm.default or product.args[1].target != aten.t.default:
+    if product.target != aten.mm.default or transposed(product.args[1]) is None:
         raise NoMatch("the key/value projection is not a bias-free linear layer")
-    latent, weight = product.args[0], product.args[1].args[0]
+    latent, weight = product.args[0], transposed(product.args[1])
     while latent.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
         latent = latent.args[0]
     lead, rows = _non_unit(val(latent).shape[:-1]), _non_unit(val(per_head).shape[:2])
@@ -147,7 +149,7 @@ def _match_parts(anchor: torch.fx.Node, tracer: Tracer, parts: Any, score: Any, 
     terms, scale = score_terms(tracer, score, parts.keys)
     if len(terms) != 1:
         raise NoMatch("the score is not one q·k product (already absorbed?)", near=False)
-    (q_cat, q_scale), (k_cat, k_scale) = _underlying(terms[0].q, at_heads=True), _underlying(terms[0].k)
+    (q_cat, q_scale), (k_cat, k_scale) = _query_operand(terms[0]), _underlying(terms[0].k)
     scale *= q_scale * k_scale
     for node in (q_cat, k_cat):
         if {id(a) for a in flat(tracer.trace(node).dims[-1])} != {id(a) for a in terms[0].reduced}:
@@ -192,9 +194,24 @@ def _underlying(leaf: torch.fx.Node, at_heads: bool = False) -> tuple[torch.fx.N
         if node.target in _SCALES:
             if not isinstance(node.args[1], (int, float)):
                 break
-            scale *= node.args[1] if node.target != aten.div.Scalar else 1.0 / node.args[1]
+            scale *= node.args[1] if node.target not in _DIVISIONS else 1.0 / node.args[1]
         node = node.args[0]
     return node, scale
+
+
+def _query_operand(term: Any) -> tuple[torch.fx.Node, float]:
+    """The query [B, H, S, E] under the q·k product's query operand (the tracer's leaf may lie deeper: a
+    projection viewed as heads traces through to the projection), and its scale."""
+    product = term.product
+    while isinstance(product, torch.fx.Node) and (product.target in _SCALES or product.target in RESHAPES) \
+            and not isinstance(product.args[1] if len(product.args) > 1 else None, torch.fx.Node):
+        product = product.args[0]   # the product node's value may carry the score's scale
+    operands = [a for a in getattr(product, "args", ())[:2] if isinstance(a, torch.fx.Node)]
+    under = [_underlying(a, at_heads=True) for a in operands]
+    keyed = [u for u in under if u[0] is _underlying(term.k)[0]]
+    if product is None or product.target not in (aten.bmm.default, aten.mm.default) or len(keyed) != 1:
+        return _underlying(term.q, at_heads=True)
+    return next(u for u in under if u is not keyed[0])
 
 
 def _query_pieces(query: torch.fx.Node, nope: int) -> tuple[torch.fx.Node | tuple, torch.fx.Node | tuple]:

@@ -118,13 +118,25 @@ def _seeded_tracer(logits: Node) -> tuple[Tracer, dict[Node, NormLeaf]]:
     return tracer, norms
 
 
+def _depth_attention(tracer: Tracer, factors: list[Expr], reduced: set, softmax: Expr) -> bool:
+    """The shape of AttnRes without its norm: a vector over the contracted (hidden) axis only, dotted with values
+    the softmax runs over a depth axis of (attention over tokens has queries with token axes: not this)."""
+    if len(factors) != 2 or not reduced:
+        return False
+    axes = [_ids(_atoms(tracer.trace(f.node).dims)) for f in factors]
+    hidden, depth = _ids(reduced), _ids(softmax.axes)
+    return any(a <= hidden and depth <= b for a, b in (axes, axes[::-1]))
+
+
 def _logits(tracer: Tracer, softmax: Node, norms: dict[Node, NormLeaf]) -> tuple[NormLeaf, list[Expr], float]:
     """(the norm, the other factors, the scale) of logits = c · Σ_d Π factors; checks the axes."""
     expr = tracer.trace(softmax).expr
     factors, reduced, scale = _product(expr.factors[0]) if expr.kind == "softmax" else ([], set(), 1.0)
     keys = [f for f in factors if f.kind == "leaf" and f.node in norms]
     if len(keys) != 1:
-        raise NoMatch("the logits are not a contraction with one RMSNorm", near=False)
+        raise NoMatch("the logits are not a contraction with one RMSNorm of the values",
+                      near=_depth_attention(tracer, factors, reduced, expr),
+                      differs="w·v where the pattern has w·RMSNorm(v)")
     norm = norms[keys[0].node]
     vdims = tracer.trace(norm.values).dims
     hidden = _ids(vdims[-1])

@@ -1,30 +1,34 @@
 """fuse_kda_step: one KDA recurrence step written out in ATen ops (a decode step; fla's fused_recurrent_kda as
 model code) -> `ascend_dsa.chunk_kda` over one token.
 
-Pattern (anchored on the state update; per batch b and head h, S [K, V], k, q, g [K], v [V], beta scalar):
-    D     = S * exp(g)[..., None]                              decayed state   [B, H, K, V]
-    delta = beta[..., None] * (v - k·D)                        k·D a bmm of views of k and D   [B, H, V]
-    S'    = D + k[..., None] * delta[..., None, :]             the new state
-    o     = q'·S'                                              a bmm of views of q' and S' (q' = q * scale or
-                                                               any query: it goes to the op with scale 1)
+Pattern, in canonical terms (anchored on the state update; per batch b and head h, S [K, V], k, q, g [K], v [V],
+beta a scalar; contractions in any spelling — einsum, matmul, bmm, broadcast multiply + sum — and factors in any
+order, passes/canonical/terms.py):
+    S' = S·exp(g)  +  k ⊗ (beta · (v − Σ_K k·S·exp(g)))
+    o  = Σ_K q'·S'                        q' = q · scale or any query: it goes to the op with scale 1
   -> o, S' = chunk_kda(q'[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], 1.0, S,
                        output_final_state=True)
-The products may come in either operand order; the bmm operands are view chains of k / q' and D / S' (row-major
-reshapes, so they flatten (b, h) the same way). Everything must be fp32 (chunk_kda's state is fp32): other
-dtypes, shapes that do not line up, or a step without its output product are near misses. The op runs the
-step as the recurrence does, in fp32, up to rounding order (its native kernel applies the decay lazily).
+The step must compute in fp32 (chunk_kda's state is fp32; lower-precision inputs cast to fp32 are read through
+their casts, as the step's promotion reads them): other dtypes, operands that do not have the state's
+batch and head axes, or a step without its output product are near misses. The op runs the step as the
+recurrence does, in fp32, up to rounding order (its native kernel applies the decay lazily).
 """
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from itertools import permutations
 
 import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.terms import contraction
+from npu_graph.passes.matching.axis_trace import Axis, Expr, TraceError, Tracer, as_leaf, find, flat
 from npu_graph.passes.matching.fusion_graph import fuse_each
 from npu_graph.passes.matching.match_util import NoMatch
-from npu_graph.passes.matching.values import RESHAPES, UNIT_DIMS, strip, val
+from npu_graph.passes.matching.materialize import materialize
+from npu_graph.passes.matching.values import VIEWS_AND_CASTS, strip, val
 
 NAME = "fuse_kda_step"
 INFERENCE_ONLY = True
@@ -32,123 +36,197 @@ PATTERN = "S' = S·exp(g) + k ⊗ beta(v − k·S·exp(g)); o = q·S'"
 
 aten = torch.ops.aten
 Node = torch.fx.Node
-ROW_MAJOR = RESHAPES | UNIT_DIMS
+MAX_HOPS = 6   # how far after the new state its output product may be (views, a scale)
 
 
-def _shape(node: object) -> tuple[int, ...] | None:
-    v = val(node)
-    return tuple(v.shape) if v is not None and v.dtype == torch.float32 else None
+@dataclass
+class Step:
+    tracer: Tracer
+    new: Node
+    out: Node
+    leaves: dict[str, Node]          # q, k, v, g, beta, state
+    axes: dict[str, Axis]            # b, h, k, v: the state's axes
 
 
-def _unviewed(node: object) -> object:
-    """The tensor a chain of row-major reshapes starts from."""
-    return strip(node, ROW_MAJOR)
+def _leaf(tracer: Tracer, expr: Expr) -> Node:
+    """The node whose value a factor is (its scale included: the factor's node computes it)."""
+    return as_leaf(tracer, expr).node
 
 
-def _operands(node: object, target: object) -> list[tuple[object, object]]:
-    """(a, b) and (b, a) when node is target(a, b), else []."""
-    if not isinstance(node, Node) or node.target != target or len(node.args) != 2:
-        return []
-    a, b = node.args
-    return [(a, b), (b, a)]
+def _decayed(tracer: Tracer, expr: Expr) -> tuple[Node, Node] | None:
+    """(S, g) when expr = S · exp(g)."""
+    d = contraction(tracer, expr)
+    exps = [f for f in d.factors if f.kind == "unary" and f.node.target == aten.exp.default]
+    rest = [f for f in d.factors if f not in exps]
+    if d.reduced or d.scale != 1.0 or d.scalars or len(exps) != 1 or len(rest) != 1:
+        return None
+    return _leaf(tracer, rest[0]), _leaf(tracer, exps[0].factors[0])
 
 
-def _unsqueezed(node: object, dim: int) -> object | None:
-    """x when node is unsqueeze(x, dim) (dim counted from the end when negative), else None."""
-    if isinstance(node, Node) and node.target == aten.unsqueeze.default:
-        x = node.args[0]
-        rank = len(_shape(x) or ())
-        if node.args[1] % (rank + 1) == dim % (rank + 1):
-            return x
-    return None
+def _correction(tracer: Tracer, expr: Expr, state: Node, g: Node) -> tuple[Node, Node, Node]:
+    """(k, beta, v) when expr = k ⊗ beta · (v − Σ_K k · S·exp(g))."""
+    o = contraction(tracer, expr)
+    diffs = [f for f in o.factors if f.kind == "add" and len(f.factors) == 2]
+    if o.reduced or o.scale != 1.0 or len(diffs) != 1 or len(o.factors) != 3:
+        raise NoMatch("the state's increment is not k ⊗ beta·(v − k·S)")
+    for v_expr, read in permutations(diffs[0].factors):
+        c = contraction(tracer, read)
+        if v_expr.scale == 1.0 and c.scale == -1.0 and c.reduced and len(c.factors) == 3:
+            names = {_leaf(tracer, f) if f.kind != "unary" else ("exp", _leaf(tracer, f.factors[0]))
+                     for f in c.factors}
+            keys = [n for n in names if isinstance(n, Node) and n is not state]
+            others = [f for f in o.factors if f is not diffs[0]]
+            if {state, ("exp", g)} <= names and len(keys) == 1:
+                k, beta = sorted((_leaf(tracer, f) for f in others), key=lambda n: n is not keys[0])
+                if k is keys[0]:
+                    return k, beta, _leaf(tracer, v_expr)
+    raise NoMatch("the correction is not beta · (v − k·S·exp(g)) with the key of the outer product")
 
 
-def _decay(node: object) -> tuple[Node, Node] | None:
-    """(S, g) when node is S * unsqueeze(exp(g), -1) in either order."""
-    for state, factor in _operands(node, aten.mul.Tensor):
-        e = _unsqueezed(factor, -1)
-        if isinstance(e, Node) and e.target == aten.exp.default and isinstance(state, Node):
-            return state, e.args[0]
-    return None
+def _update(tracer: Tracer, new: Node) -> dict[str, Node]:
+    expr = tracer.trace(new).expr
+    if expr.kind != "add" or len(expr.factors) != 2 or any(f.scale != 1.0 for f in expr.factors):
+        raise NoMatch("not a KDA state update", near=False)
+    for decay, increment in permutations(expr.factors):
+        found = _decayed(tracer, decay)
+        if found is not None and val(found[0]) is not None and val(found[0]).dim() == 4:
+            state, g = found
+            try:
+                k, beta, v = _correction(tracer, increment, state, g)
+            except NoMatch as exc:     # a near miss only where the increment has the delta rule's shape
+                raise NoMatch(str(exc), _delta_shaped(tracer, increment)) from exc
+            return {"state": state, "g": g, "k": k, "beta": beta, "v": v}
+    if any(_delta_shaped(tracer, f) for f in expr.factors):
+        raise NoMatch("a delta-rule update of a state without its decay S·exp(g)",
+                      differs="S + k ⊗ β(v − k·S) where the pattern has S·exp(g) + k ⊗ β(v − k·S·exp(g))")
+    raise NoMatch("not a KDA state update", near=False)
 
 
-def _correction(delta: object, k: Node, decayed: Node) -> tuple[Node, Node, Node]:
-    """(v, beta, the bmm k·D) when delta is unsqueeze(beta, -1) * (v - k·decayed)."""
-    for b, diff in _operands(delta, aten.mul.Tensor):
-        beta = _unsqueezed(b, -1)
-        if beta is None or not isinstance(diff, Node) or diff.target != aten.sub.Tensor:
-            continue
-        v, product = diff.args
-        bmm = _unviewed(product)
-        if isinstance(bmm, Node) and bmm.target == aten.bmm.default and _unviewed(bmm.args[0]) is k \
-                and _unviewed(bmm.args[1]) is decayed:
-            return v, beta, bmm
-    raise NoMatch("the correction is not beta * (v - k·D) with a bmm of views of k and D")
+def _delta_shaped(tracer: Tracer, expr: Expr) -> bool:
+    """k ⊗ beta·(v − ...): a product of three factors, one of them a difference (the rule without its decay)."""
+    c = contraction(tracer, expr)
+    return not c.reduced and len(c.factors) == 3 and sum(f.kind == "add" for f in c.factors) == 1
 
 
-
-def _output_product(new_state: Node) -> Node:
-    """The bmm reading q'·S' (a view of the new state as its second operand)."""
-    found = [user for view in new_state.users if view.target in ROW_MAJOR for user in view.users
-             if user.target == aten.bmm.default and user.args[1] is view]
-    if len(found) != 1:
-        raise NoMatch(f"the new state is read by {len(found)} output products q·S' (one expected)")
-    return found[0]
-
-
-def _check_shapes(q: Node, k: Node, v: Node, g: Node, beta: Node, state: Node, products: tuple[Node, Node]) -> None:
-    """fp32 operands of matching sizes, and both bmms over the (b, h) rows flattened alike: [B·H, 1, K] x
-    [B·H, K, V] (their operands are row-major reshapes of [B, H, ...] tensors)."""
-    b, h, dk, dv = _shape(state) or (None,) * 4
-    want = {"q": (q, (b, h, dk)), "k": (k, (b, h, dk)), "g": (g, (b, h, dk)), "v": (v, (b, h, dv)),
-            "beta": (beta, (b, h))}
-    if dk is not None:
-        for i, bmm in enumerate(products):
-            want[f"bmm {i + 1}'s query"] = (bmm.args[0], (b * h, 1, dk))
-            want[f"bmm {i + 1}'s state"] = (bmm.args[1], (b * h, dk, dv))
-    for name, (node, shape) in want.items():
-        if _shape(node) != shape or dk is None:
-            raise NoMatch(f"`{name}` is {_shape(node)} (fp32 {list(shape)} expected with the state "
-                          f"{_shape(state)})")
+def _output(tracer: Tracer, new: Node, depth: Axis) -> tuple[Node, Node]:
+    """(the node computing Σ_K q'·S', q') among the first readers of the new state."""
+    frontier, seen = list(new.users), set()
+    for _ in range(MAX_HOPS):
+        following = []
+        for node in frontier:
+            if node in seen or node.op != "call_function":
+                continue
+            seen.add(node)
+            c = contraction(tracer, tracer.trace(node).expr)
+            states = [f for f in c.factors if f.node is new]
+            if len(states) == 1 and len(c.factors) == 2 and c.reduced_ids() == {id(find(depth))} and c.scale == 1.0 \
+                    and not c.scalars:
+                return node, as_leaf(tracer, next(f for f in c.factors if f.node is not new)).node
+            following += node.users
+        frontier = following
+    raise NoMatch("the new state is read by 0 output products q·S' (one expected)")
 
 
-def _insertion_point(graph: torch.fx.Graph, add: Node, args: tuple[Node, ...]) -> Node:
-    """The first reader of the new state: the fused step replaces it there, so every operand must exist by then."""
+def _axes(tracer: Tracer, state: Node) -> dict[str, Axis | None]:
+    """The state's axes by role (None for a dim of size 1)."""
+    atoms = [flat(d) for d in tracer.leaf_dims[state]]
+    if len(atoms) != 4 or any(len(a) > 1 for a in atoms) or not atoms[2] or not atoms[3]:
+        raise NoMatch(f"the state is {tuple(val(state).shape)}; [B, H, K, V] expected")
+    return dict(zip("bhkv", (a[0] if a else None for a in atoms)))
+
+
+def _dims(axes: dict[str, Axis | None], letters: str) -> list[tuple[Axis, ...]]:
+    return [(axes[c],) if axes[c] is not None else () for c in letters]
+
+
+def _check(step: Step) -> None:
+    """fp32 arithmetic, and operands over the state's axes only (a broadcast one is expanded)."""
+    a = step.axes
+    wanted = {"q": "bhk", "k": "bhk", "v": "bhv", "g": "bhk", "beta": "bh"}
+    for name, letters in wanted.items():
+        node = step.leaves[name]
+        have = {id(x) for d in step.tracer.leaf_dims[node] for x in flat(d)}
+        allowed = {id(find(a[c])) for c in letters if a[c] is not None}
+        if not have <= allowed or (name != "beta" and id(find(a[letters[-1]])) not in have):
+            raise NoMatch(f"`{name}` is {tuple(val(node).shape)} (over the state's [{', '.join(letters)}] "
+                          f"expected with the state {tuple(val(step.leaves['state']).shape)})")
+    for node in (step.new, step.out, step.leaves["state"]):
+        if val(node).dtype != torch.float32:
+            raise NoMatch(f"the step computes in {val(node).dtype}; chunk_kda's state is float32")
+
+
+def _insertion_point(graph: torch.fx.Graph, step: Step) -> Node:
+    """The first reader of the new state or of the output: the fused step replaces them there, so every operand
+    must exist by then."""
     order = {node: i for i, node in enumerate(graph.nodes)}
-    first = min(add.users, key=order.__getitem__)
-    late = [a.name for a in args if order[a] > order[first]]
+    first = min([*step.new.users, *step.out.users], key=order.__getitem__)
+    late = [n.name for n in step.leaves.values() if order[n] > order[first]]
     if late:
         raise NoMatch(f"{', '.join(late)} computed after the new state is first read")
     return first
 
 
-def _replace(gm: torch.fx.GraphModule, add: Node, out_bmm: Node, args: tuple[Node, ...], state: Node) -> None:
-    graph = gm.graph
-    with graph.inserting_before(_insertion_point(graph, add, (*args, state))):
-        step = [graph.call_function(aten.unsqueeze.default, (x, 1)) for x in args]
-        fused = graph.call_function(torch.ops.ascend_dsa.chunk_kda.default, (*step, 1.0, state),
+def _operand(graph: torch.fx.Graph, step: Step, name: str) -> Node:
+    """A leaf laid out as the op takes it ([B, 1, H, ...]), in fp32."""
+    a = step.axes
+    layout = {"q": "bhk", "k": "bhk", "g": "bhk", "v": "bhv", "beta": "bh"}[name]
+    node = step.leaves[name]
+    b, *rest = _dims(a, layout)
+    out = materialize(graph, node, step.tracer.leaf_dims[node], [b, (), *rest])
+    if val(node).dtype != torch.float32:
+        out = graph.call_function(aten._to_copy.default, (out,), {"dtype": torch.float32})
+    return out
+
+
+def _replace(gm: torch.fx.GraphModule, step: Step) -> None:
+    graph, a = gm.graph, step.axes
+    with graph.inserting_before(_insertion_point(graph, step)):
+        args = [_operand(graph, step, name) for name in ("q", "k", "v", "g", "beta")]
+        fused = graph.call_function(torch.ops.ascend_dsa.chunk_kda.default, (*args, 1.0, step.leaves["state"]),
                                     {"output_final_state": True})
         o = graph.call_function(operator.getitem, (fused, 0))
         new_state = graph.call_function(operator.getitem, (fused, 1))
-        o_rows = graph.call_function(aten.view.default, (o, list(val(out_bmm).shape)))
-    out_bmm.replace_all_uses_with(o_rows)
-    add.replace_all_uses_with(new_state)
+        b, h, v = _dims(a, "bhv")
+        o_dims = [b, (), h, v]
+        o_out = materialize(graph, o, o_dims, step.tracer.trace(step.out).dims)
+    step.out.replace_all_uses_with(o_out)
+    step.new.replace_all_uses_with(new_state)
 
 
-def _fuse(add: Node, gm: torch.fx.GraphModule) -> str:
-    for decayed, outer in _operands(add, aten.add.Tensor):
-        found = _decay(decayed)
-        for left, right in _operands(outer, aten.mul.Tensor) if found else []:
-            k, delta = _unsqueezed(left, -1), _unsqueezed(right, -2)
-            if isinstance(k, Node) and delta is not None:
-                state, g = found
-                v, beta, state_bmm = _correction(delta, k, decayed)
-                out_bmm = _output_product(add)
-                q = _unviewed(out_bmm.args[0])
-                _check_shapes(q, k, v, g, beta, state, (state_bmm, out_bmm))
-                _replace(gm, add, out_bmm, (q, k, v, g, beta), state)
-                return PATTERN
-    raise NoMatch("not a KDA state update", near=False)
+def _candidate(new: Node) -> bool:
+    """A cheap look before tracing: a 4-d add with an exp among the few nodes above it (the decay), or of an input
+    (a state a cache holds)."""
+    value = val(new)
+    if value is None or value.dim() != 4:
+        return False
+    if any(strip(a, VIEWS_AND_CASTS).op == "placeholder" for a in new.all_input_nodes):
+        return True
+    frontier = list(new.all_input_nodes)
+    for _ in range(4):
+        if any(n.target == aten.exp.default for n in frontier):
+            return True
+        frontier = [i for n in frontier for i in n.all_input_nodes]
+    return False
+
+
+def match(new: Node) -> Step:
+    if not _candidate(new):
+        raise NoMatch("not a KDA state update", near=False)
+    tracer = Tracer()
+    try:
+        leaves = _update(tracer, new)
+        axes = _axes(tracer, leaves["state"])
+        out, q = _output(tracer, new, axes["k"])
+    except (TraceError, KeyError) as exc:
+        raise NoMatch(str(exc), near=False) from exc
+    step = Step(tracer, new, out, {**leaves, "q": q}, axes)
+    _check(step)
+    return step
+
+
+def _fuse(new: Node, gm: torch.fx.GraphModule) -> str:
+    _replace(gm, match(new))
+    return PATTERN
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:

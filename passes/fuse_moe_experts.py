@@ -5,6 +5,8 @@ routing weights and ids [T, k]:
 - grouped: transformers' grouped_mm experts: perm = sort(ids.flatten()), grouped_mm(x[perm // k], w13ᵀ, offs),
   silu(gate) * up over the halves of its output, grouped_mm(., w2ᵀ, offs) * w.flatten()[perm], inverse
   permutation, view(T, k, H).sum(1)
+- dense: every expert on every token over stacked weights (bmm, einsum), combined with the routing weights
+  scattered to a [T, E] matrix (passes/matching/dense_experts.py);
   -> fused_moe(x, w13 [E, 2I, H], w2 [E, H, I], w, ids)
 Loop experts keep their weights as separate graph inputs (parameters lifted by Dynamo): the pass stacks them
 into w13/w2 inside the graph, which copies every expert's weights on each call; grouped experts are
@@ -20,7 +22,9 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
-from npu_graph.passes.canonical.reading import halves
+from npu_graph.passes.canonical.reading import halves, sigmoid_of, silu_of, transposed
+from npu_graph.passes.canonical.structure import Structure
+from npu_graph.passes.matching import dense_experts
 from npu_graph.passes.matching.fusion_graph import fuse_each
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, is_zero, strip, strip_casts, strip_views, val
@@ -29,6 +33,7 @@ NAME = "fuse_moe_experts"
 INFERENCE_ONLY = True
 PATTERN_LOOP = "Σ_e expert_e(x) · Σ_j w·(ids == e)"
 PATTERN_GROUPED = "grouped_mm experts (sorted by expert) -> weighted sum over k"
+PATTERN_DENSE = "Σ_e scatter(ids, w)[t, e] · expert_e(x) over stacked weights"
 LABEL = "routed experts"
 
 aten = torch.ops.aten
@@ -59,30 +64,54 @@ class Term:
 
 
 def _linear(node: object) -> tuple[Node, Node] | None:
-    """(input, weight) of input @ weightᵀ written as mm(input, t(weight))."""
+    """(input, weight) of input @ weightᵀ (mm of the input and a transposed 2-d weight)."""
     node = strip(node, RESHAPES)
     if not isinstance(node, Node) or node.target != aten.mm.default:
         return None
-    rhs = node.args[1]
-    swapped = rhs.target == aten.transpose.int and rhs.args[1] % 2 != rhs.args[2] % 2
-    if (rhs.target == aten.t.default or swapped) and val(rhs.args[0]).dim() == 2:
-        return node.args[0], rhs.args[0]
+    weight = transposed(node.args[1])
+    return (node.args[0], weight) if weight is not None else None
+
+
+def _product(node: object) -> list[Node]:
+    """The factors of an elementwise product in any association (products feeding only it are opened)."""
+    factors, pending = [], [node]
+    while pending:
+        current = strip(pending.pop(), RESHAPES)
+        opened = current is node or len(current.users) == 1
+        if isinstance(current, Node) and current.target == aten.mul.Tensor and opened \
+                and all(isinstance(a, Node) for a in current.args[:2]):
+            pending += list(current.args[1::-1])
+        else:
+            factors.append(current)
+    return factors
+
+
+def _gated_linears(node: Node, structure: Structure) -> tuple[tuple[Node, Node], tuple[Node, Node]] | None:
+    """(gate linear, up linear) of silu(gate(x)) · up(x), silu spelled silu(g) or g · sigmoid(g)."""
+    factors = _product(node)
+    for i, f in enumerate(factors):
+        gate = silu_of(f, structure)
+        rest = factors[:i] + factors[i + 1:]
+        if gate is None:
+            inner = sigmoid_of(f)
+            match = next((g for g in rest if inner is not None and structure.same(g, inner)), None)
+            gate, rest = (match, [g for g in rest if g is not match]) if match is not None else (None, rest)
+        if gate is not None and len(rest) == 1:
+            linears = _linear(gate), _linear(rest[0])
+            if all(linears):
+                return linears
     return None
 
 
-def _swiglu(node: Node) -> tuple[Node, Node, Node, Node] | None:
+def _swiglu(node: Node, structure: Structure) -> tuple[Node, Node, Node, Node] | None:
     """(x, gate, up, down weights) of down(silu(gate(x)) * up(x))."""
     down = _linear(node)
     act = strip(down[0], RESHAPES) if down else None
-    if not isinstance(act, Node) or act.target != aten.mul.Tensor:
+    found = _gated_linears(act, structure) if isinstance(act, Node) and act.target == aten.mul.Tensor else None
+    if found is None:
         return None
-    for silu, up in (act.args, act.args[::-1]):
-        silu = strip(silu, RESHAPES)
-        if isinstance(silu, Node) and silu.target == aten.silu.default:
-            gate, up = _linear(silu.args[0]), _linear(up)
-            if gate and up and strip_views(gate[0]) is strip_views(up[0]):
-                return gate[0], gate[1], up[1], down[1]
-    return None
+    gate, up = found
+    return (gate[0], gate[1], up[1], down[1]) if strip_views(gate[0]) is strip_views(up[0]) else None
 
 
 def _slot_weight(node: Node) -> tuple[Node, Node, int] | None:
@@ -105,32 +134,39 @@ def _slot_weight(node: Node) -> tuple[Node, Node, int] | None:
     return None
 
 
-def _term(node: object) -> Term | None:
+def _term(node: object, structure: Structure) -> Term | None:
     if not isinstance(node, Node) or node.target != aten.mul.Tensor:
         return None
     for out, weight in (node.args[:2], node.args[1::-1]):
-        expert, slot = _swiglu(out) if isinstance(out, Node) else None, _slot_weight(weight)
+        expert, slot = _swiglu(out, structure) if isinstance(out, Node) else None, _slot_weight(weight)
         if expert and slot:
             return Term(*expert, *slot)
     return None
 
 
-def _chain(anchor: Node) -> tuple[list[Term], Node | None, list[Node]]:
-    """Expert terms summed by a chain of adds ending at `anchor`, the chain's start and its add nodes."""
-    terms, adds, node = [], [], anchor
-    while node.target == aten.add.Tensor and len(node.args) == 2 and not node.kwargs:
-        term, acc = _term(node.args[1]), node.args[0]
-        if term is None:
-            term, acc = _term(node.args[0]), node.args[1]
-        if term is None or not isinstance(acc, Node):
-            break
-        terms.append(term)
-        adds.append(node)
-        node = acc
-    first = _term(node) if terms else None
-    if first is not None:
-        return [*terms, first], None, adds
-    return terms, node, adds
+def _routed(node: Node) -> bool:
+    """A product with a routing weight Σ_j w·(ids == e) among its factors."""
+    return node.target == aten.mul.Tensor and any(isinstance(a, Node) and _slot_weight(a) for a in node.args[:2])
+
+
+def _summed(anchor: Node) -> tuple[list[Node], list[Node]]:
+    """The terms a sum adds up in any association (adds feeding only it are opened; sum(stack(terms), 0) too),
+    zeros left out, and the add nodes opened."""
+    terms, adds, pending = [], [], [anchor]
+    while pending:
+        node = pending.pop()
+        inner = node is anchor or len(node.users) == 1
+        if inner and node.target == aten.add.Tensor and not node.kwargs and len(node.args) == 2 \
+                and all(isinstance(a, Node) for a in node.args):
+            adds.append(node)
+            pending += list(node.args[::-1])
+        elif node is anchor and node.target == aten.sum.dim_IntList and list(node.args[1]) in ([0], [-val(
+                node.args[0]).dim()]) and getattr(node.args[0], "target", None) == aten.stack.default \
+                and arg(node.args[0], 1, 0) == 0:
+            pending += list(node.args[0].args[0])[::-1]
+        elif not is_zero(node):
+            terms.append(node)
+    return terms, adds
 
 
 def _expert_count(ids: Node) -> object:
@@ -153,9 +189,7 @@ def _check_routing(x: Node, weights: Node, ids: Node, experts: int) -> None:
         raise NoMatch(f"the routed ids are not shown to lie in [0, {experts})")
 
 
-def match_loop(anchor: Node, terms: list[Term], start: Node | None) -> Experts:
-    if start is not None and not is_zero(start):
-        raise NoMatch("the expert sum does not start from zero")
+def match_loop(anchor: Node, terms: list[Term]) -> Experts:
     first = terms[0]
     if sorted(t.expert for t in terms) != list(range(len(terms))):
         raise NoMatch(f"the loop covers experts {sorted(t.expert for t in terms)}, not 0..{len(terms) - 1}")
@@ -288,23 +322,34 @@ def rewrite(gm: torch.fx.GraphModule, m: Experts) -> None:
     m.anchor.replace_all_uses_with(out)
 
 
-def _fuse(gm: torch.fx.GraphModule, seen: set[Node], node: Node) -> str:
-    """Fuse the experts whose combine is `node`; the adds of a loop's chain are not tried again."""
+def _fuse(gm: torch.fx.GraphModule, seen: set[Node], structure: Structure, node: Node) -> str:
+    """Fuse the experts whose combine is `node`; the adds inside a sum of expert terms are not tried again."""
     if node in seen:
-        raise NoMatch("an add inside a chain of expert terms", near=False)
-    if node.target == aten.sum.dim_IntList:
+        raise NoMatch("an add inside a sum of expert terms", near=False)
+    if dense_experts.candidate(node):
+        found_dense = dense_experts.match_dense(node, structure)
+        _check_routing(found_dense.x, found_dense.weights, found_dense.ids, val(found_dense.down).shape[0])
+        dense_experts.rewrite_dense(gm, found_dense)
+        return PATTERN_DENSE
+    grouped = node.target == aten.sum.dim_IntList and list(node.args[1]) == [1]
+    if grouped:
         found = match_grouped(node)
     else:
-        terms, start, adds = _chain(node)
+        nodes, adds = _summed(node)
+        terms = [_term(n, structure) for n in nodes]
+        if not nodes or any(t is None for t in terms) or len(terms) < 2:
+            routed = len(nodes) >= 2 and all(_routed(n) for n in nodes)
+            raise NoMatch("a sum of routed terms whose expert is not down(silu(gate(x)) · up(x))", near=routed,
+                          differs="an expert of another activation where the pattern has SwiGLU") if routed \
+                else NoMatch("not a sum of expert terms", near=False)
         seen.update(adds)
-        if not terms:
-            raise NoMatch("not a sum of expert terms", near=False)
-        found = match_loop(node, terms, start)
+        found = match_loop(node, terms)
     rewrite(gm, found)
     return found.pattern
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     seen: set[Node] = set()
-    return fuse_each(gm, {aten.sum.dim_IntList, aten.add.Tensor}, lambda node: _fuse(gm, seen, node), LABEL,
-                     reverse=True)
+    structure = Structure(gm.graph)
+    return fuse_each(gm, {aten.sum.dim_IntList, aten.add.Tensor, aten.bmm.default, aten.mm.default},
+                     lambda node: _fuse(gm, seen, structure, node), LABEL, reverse=True)

@@ -147,6 +147,14 @@ def parse_norm(node: Node, structure: Structure | None = None) -> Norm:
     return Norm(node, xf, eps, weights, product.chain, [f for f in others if f not in weights])
 
 
+def _dotted(user: Node, node: Node) -> bool:
+    """`user` sums `node` over its last dim (the product is a dot product of the norm with a vector, which a later
+    pass fuses with the norm as its key: the norm is the inner product, the vector is no weight of it)."""
+    dims = user.args[1] if user.target == aten.sum.dim_IntList and len(user.args) > 1 else None
+    rank = val(node).dim()
+    return isinstance(dims, (list, tuple)) and any(d % rank == rank - 1 for d in dims)
+
+
 def _over_last_dim(w: Node, like: torch.Tensor) -> bool:
     """w is a floating-point tensor along the last dim of `like` only (leading unit dims allowed)."""
     wv = val(w)
@@ -244,12 +252,14 @@ def _fuse(node: torch.fx.Node, gm: torch.fx.GraphModule, structure: Structure, c
     tried again, and an inner product reports no near miss of its own)."""
     if node in consumed:
         raise NoMatch("part of a fused norm", near=False)
+    if node.users and all(_dotted(user, node) for user in node.users):
+        raise NoMatch("a product summed over the normalized dim: a dot product with the norm", near=False)
     try:
         norm = parse_norm(node, structure)
     except NoMatch as exc:
         users = list(node.users)
         inner = len(users) == 1 and users[0].target == aten.mul.Tensor and val(users[0]).dtype == val(node).dtype
-        raise NoMatch(str(exc), exc.near and not inner) from exc
+        raise NoMatch(str(exc), exc.near and not inner, exc.canonical, exc.differs) from exc
     if isinstance(norm.eps, Node):
         ctx.ask_constant(gm, strip_casts(norm.eps))
         raise NoMatch("eps is a run-time tensor that is no float of the model's; rms_norm takes a number")

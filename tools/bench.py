@@ -29,6 +29,7 @@ SUITES = {
     "spec": "npu_graph.tools.bench_spec",
     "ep": "npu_graph.tools.bench_ep",
     "fleet": "npu_graph.tools.bench_fleet",
+    "fusion": "npu_graph.tools.bench_fusion",
 }
 
 

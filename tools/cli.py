@@ -35,9 +35,12 @@ def _parser() -> argparse.ArgumentParser:
                        "parallelism: bytes per token, per-rank load, per-rank expert memory, one MoE layer at EP=2 "
                        "vs one process on two gloo ranks), fleet (4 ranks under torchrun, 2 simulated nodes, cold "
                        "on one shared compile cache vs one rank alone: first-output seconds, compile CPU-seconds, "
-                       "outputs equal)")
+                       "outputs equal), fusion (per fusion family: spellings drawn, fused, "
+                       "exact; the indexer and rotary fused beside Inductor at S=2048)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
+    bench.add_argument("--spellings", type=positive_int, default=12,
+                       help="fusion only: spellings drawn per family (each compiled static and dynamic)")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     bench.add_argument("--busy", action="store_true",
                        help="generate only: keep one core busy in a separate process while measuring")

@@ -1,7 +1,8 @@
 """`ascend-dsa inspect`: read a graph dump from the command line.
 
     ascend-dsa inspect show DUMP                        table of graphs (`inspect DUMP` is the same)
-    ascend-dsa inspect show DUMP --graph G              the stages of one graph
+    ascend-dsa inspect show DUMP --graph G              the stages of one graph and its near misses (the
+                                                        canonical expression at each and what differs)
     ascend-dsa inspect show DUMP --graph G --pass P     the text of one stage
     ascend-dsa inspect diff DUMP A B [--graph G]        what changed between stages A and B
     ascend-dsa inspect html DUMP [-o report.html]       one self-contained HTML report
@@ -99,8 +100,23 @@ def _print_overview(console: Console, data: dict[str, Any]) -> None:
 
 def _print_stages(console: Console, data: dict[str, Any]) -> None:
     rows = [[s["index"], s["name"], s["nodes"], s["changed"], s["ms"],
-             ", ".join(f"{k}={v}" for k, v in s["stats"].items())] for s in data["stages"]]
+             ", ".join(f"{k}={v}" for k, v in s["stats"].items() if k != "near_misses")] for s in data["stages"]]
     console.print(_table(f"stages of {data['folder']}", ["#", "stage", "nodes", "changed", "ms", "stats"], rows))
+    _print_near_misses(console, data.get("near_misses", []))
+
+
+def _print_near_misses(console: Console, misses: list[dict[str, Any]]) -> None:
+    """Why a pattern almost matched: the reason, the canonical expression at the anchor and the first term that
+    differs from the pattern."""
+    for miss in misses[:ROW_LIMIT]:
+        console.print(Text(f"near miss of {miss.get('pass', '?')} at {miss.get('node', '?')} "
+                           f"({miss.get('pattern', '?')}): {miss.get('reason', '')}"))
+        if miss.get("canonical"):
+            console.print(Text(f"  canonical: {miss['canonical']}"))
+        if miss.get("differs"):
+            console.print(Text(f"  differs:   {miss['differs']}"))
+    if len(misses) > ROW_LIMIT:
+        console.print(Text(f"(first {ROW_LIMIT} of {len(misses)} near misses; --json for all)"))
 
 
 def _print_diff(console: Console, d: dict[str, Any]) -> None:

@@ -152,14 +152,17 @@ def overview(dump_dir: str) -> dict[str, Any]:
 
 
 def graph_stages(dump_dir: str, graph_key: str | None) -> dict[str, Any]:
-    """One graph's summary and the list of its dumped stages with node counts."""
+    """One graph's summary, the list of its dumped stages with node counts, and its near misses (each with the
+    canonical expression at the anchor and the first term that differs from the pattern, where the pass read that
+    far)."""
     graph = resolve_graph(find_graphs(dump_dir), graph_key)
     stages = []
     for stage in find_stages(graph):
         data = read_json(stage["json"]) or {}
         stages.append({"index": stage["index"], "name": stage["name"], "nodes": len(data.get("nodes", [])),
                        "changed": data.get("changed"), "ms": data.get("ms"), "stats": data.get("stats", {})})
-    return {"graph": graph["graph"], "folder": graph["folder"], "summary": graph["summary"], "stages": stages}
+    return {"graph": graph["graph"], "folder": graph["folder"], "summary": graph["summary"], "stages": stages,
+            "near_misses": graph["summary"].get("near_misses", [])}
 
 
 def show_stage(dump_dir: str, graph_key: str | None, stage_key: str) -> dict[str, Any]:

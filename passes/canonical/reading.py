@@ -2,6 +2,7 @@
 passes accept each spelling as the canonical op, and the graph keeps what the model wrote until a fused op
 replaces it (unfused code keeps eager's numbers bit for bit; rules_*.py rewrite only where the result is the
 same to the bit).
+- wᵀ of a matrix: t(w), transpose(w, 0, 1), permute(w, [1, 0]) (what linear, x @ w.t() and matmul give);
 - rsqrt(x): rsqrt(x), reciprocal(sqrt(x)), pow(x, -0.5); a / sqrt(x) reads as a · rsqrt(x);
 - mean(x, dims): mean(x, dims), sum(x, dims) / n and sum(x, dims) · (1/n) with n the count summed;
 - sigmoid(x): sigmoid(x), reciprocal(exp(-x) + 1);
@@ -24,6 +25,15 @@ Node = torch.fx.Node
 
 def _op(node: object, target: object) -> bool:
     return isinstance(node, Node) and node.target == target
+
+
+def transposed(node: object) -> Node | None:
+    """w when `node` is the transpose of a 2-d w: t(w), transpose(w, 0, 1), permute(w, [1, 0])."""
+    if not isinstance(node, Node) or not isinstance(node.args[0], Node) or val(node.args[0]).dim() != 2:
+        return None
+    swapped = (node.target == aten.transpose.int and node.args[1] % 2 != node.args[2] % 2) or \
+        (node.target == aten.permute.default and [d % 2 for d in node.args[1]] == [1, 0])
+    return node.args[0] if node.target == aten.t.default or swapped else None
 
 
 def rsqrt_of(node: object) -> Node | None:

@@ -19,7 +19,7 @@ class Term:
     q: torch.fx.Node
     k: torch.fx.Node
     reduced: list[Axis]
-
+    product: torch.fx.Node | None = None   # the node of the q·k product
 
 @dataclass
 class SoftmaxParts:
@@ -48,7 +48,7 @@ def has_matmul(expr: Expr) -> bool:
 
 def split_score_and_mask(score: Expr) -> tuple[Expr, torch.fx.Node | None]:
     """The score expression and, for `score + mask`, the additive mask node."""
-    if score.kind == "add" and len(score.factors) == 2:
+    if score.kind == "add" and len(score.factors) == 2 and score.node.target == torch.ops.aten.add.Tensor:
         kinds = [has_matmul(f) for f in score.factors]
         if kinds.count(True) == 1:
             return score.factors[kinds.index(True)], score.node.args[1 - kinds.index(True)]
@@ -75,7 +75,7 @@ def score_terms(tracer: Tracer, score: Expr, keys: list[Axis]) -> tuple[list[Ter
             raise NoMatch("a score term does not run over the softmax axis")
         reduced = {id(a) for a in flat(list(part.reduced))}
         ordered = [a for d in tracer.leaf_dims[k.node] for a in flat(d) if id(a) in reduced]
-        terms.append(Term(q.node, k.node, ordered))
+        terms.append(Term(q.node, k.node, ordered, part.node))
         term_scales.add(part.scale)
     if len(term_scales) != 1:
         raise NoMatch("score terms carry different scales")

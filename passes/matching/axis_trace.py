@@ -164,9 +164,11 @@ def _bmm(t: Tracer, node: torch.fx.Node) -> Value:
     a, b = t.trace(node.args[0]), t.trace(node.args[1])
     batch = [unify_dim(x, y) for x, y in zip(a.dims[:-2], b.dims[:-2])]
     contracted = unify_dim(a.dims[-1], b.dims[-2])
-    if not contracted or any(x.broadcast for x in flat(contracted)):
+    outer = not a.dims[-1] and not b.dims[-2]     # a size-1 contraction: an outer product
+    if (not contracted and not outer) or any(x.broadcast for x in flat(contracted)):
         raise TraceError("matmul contracts different axes")
-    return _contract("matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]], set(flat(contracted)))
+    return _contract("mul" if outer else "matmul", node, [a, b], [*batch, a.dims[-2], b.dims[-1]],
+                     set(flat(contracted)))
 
 
 def _broadcast_dims(a: Value, b: Value) -> list[Dim]:
@@ -198,7 +200,10 @@ def _add(t: Tracer, node: torch.fx.Node) -> Value:
     if not (isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node)) or node.kwargs.get("alpha", 1) != 1:
         raise TraceError("add of a constant or with alpha")
     a, b = t.trace(x), t.trace(y)
-    return Value(_broadcast_dims(a, b), Expr("add", node=node, factors=(a.expr, b.expr)))
+    second = b.expr
+    if node.target == aten.sub.Tensor:     # x − y: the second term with the scale −1
+        second = Expr(second.kind, second.node, second.factors, second.reduced, -second.scale, second.axes)
+    return Value(_broadcast_dims(a, b), Expr("add", node=node, factors=(a.expr, second)))
 
 
 def _sum(t: Tracer, node: torch.fx.Node) -> Value:
@@ -256,6 +261,7 @@ _HANDLERS = {
     aten.mul.Scalar: _mul,
     aten.div.Scalar: _mul,
     aten.add.Tensor: _add,
+    aten.sub.Tensor: _add,
     aten.sum.dim_IntList: _sum,
     aten.relu.default: _relu,
     aten.neg.default: _negate,

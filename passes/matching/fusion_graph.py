@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassResult
+from npu_graph.passes.canonical.printer import canonical_text
 from npu_graph.passes.matching.axis_trace import TraceError, Tracer, flat
 from npu_graph.passes.matching.match_util import NoMatch, near_miss
 from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
@@ -74,6 +75,16 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
     return parts[0], parts[1], parts[2] if windows else None
 
 
+def anchor_text(node: torch.fx.Node) -> str | None:
+    """The canonical expression at a near miss's anchor (passes/canonical/printer.py), or None where it cannot be
+    read."""
+    try:
+        tracer = Tracer()
+        return canonical_text(tracer, tracer.trace(node).expr)
+    except Exception:  # a near miss is reported even where its anchor cannot be printed
+        return None
+
+
 def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[torch.fx.Node], str],
               label: str, trace_errors_are_near: bool = False, reverse: bool = False) -> PassResult:
     """Try `fuse(node)` on every node whose target is in `targets` (from the graph's end with `reverse`, for a
@@ -90,8 +101,8 @@ def fuse_each(gm: torch.fx.GraphModule, targets: set[object], fuse: Callable[[to
             matches[fuse(node)] += 1
         except (NoMatch, TraceError) as exc:
             if getattr(exc, "near", trace_errors_are_near):
-                near.append(near_miss(label, node, str(exc), getattr(exc, "canonical", None),
-                                      getattr(exc, "differs", None)))
+                canonical = getattr(exc, "canonical", None) or anchor_text(node)
+                near.append(near_miss(label, node, str(exc), canonical, getattr(exc, "differs", None)))
     if matches:
         gm.graph.eliminate_dead_code()
         refresh_meta(gm, since=before)

@@ -77,12 +77,23 @@ def test_other_dtypes_are_near_misses(watch_pass, dtype):
     assert watched.stats["near_misses"]
 
 
-def test_broadcast_beta_is_a_near_miss(watch_pass):
-    """A beta shared by the heads ([B, 1]) broadcasts in the step but is not the op's [B, H] operand."""
+def test_broadcast_beta_is_expanded_over_the_heads(watch_pass):
+    """A beta shared by the heads ([B, 1]) broadcasts in the step; the op gets it expanded to [B, H]."""
     q, k, v, g, beta, state = inputs()
-    watched = watch_pass(fuse_kda_step, swapped_step, q, k, v, g, beta[:, :1], state)
+    assert_fused(watch_pass(fuse_kda_step, swapped_step, q, k, v, g, beta[:, :1], state))
+
+
+def test_a_correction_read_with_another_vector_than_the_key_is_a_near_miss(watch_pass):
+    """v − q·S where the delta rule reads the state with the key it writes: another recurrence."""
+    def other_read(q, k, v, g, beta, state):
+        decayed = state * g.exp().unsqueeze(-1)
+        delta = beta.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", q, decayed))
+        new = decayed + k.unsqueeze(-1) * delta.unsqueeze(-2)
+        return torch.einsum("bhk,bhkv->bhv", q, new), new
+
+    watched = watch_pass(fuse_kda_step, other_read, *inputs())
     assert watched.stats["matches"] == {}
-    assert any("`beta` is (2, 1)" in miss["reason"] for miss in watched.stats["near_misses"])
+    assert any("key of the outer product" in miss["reason"] for miss in watched.stats["near_misses"])
 
 
 def test_state_update_without_an_output_is_a_near_miss(watch_pass):

@@ -88,7 +88,7 @@ def test_timeline_without_stream_plan_is_the_serial_order(report):
 
 def test_passes_diffs_and_plan_sections(report):
     _, _, text = report
-    assert "captured → canonicalize" in text and "removed" in text and "rewired" in text
+    assert "canonical_form → canonicalize" in text and "removed" in text and "rewired" in text
     for title in ("Passes", "Per-pass diffs", "Quantization", "Layouts", "SuperKernels", "Implementations",
                   "Near misses", "Stream plan"):
         assert f"<summary>{title}</summary>" in text

@@ -48,7 +48,7 @@ def test_graph_table_json(dump):
 def test_stage_json_by_name_and_by_number(dump):
     stage = run_json(dump, "--graph", "graph_0", "--pass", "canonicalize")
     summary = inspect_dump.read_json(os.path.join(dump, stage["folder"], "summary.json"))
-    assert stage["stage"] == "canonicalize" and stage["index"] == 1
+    assert stage["stage"] == "canonicalize" and stage["index"] == 2     # after canonical_form
     canonical = next(p for p in summary["passes"] if p["name"] == "canonicalize")
     assert "def forward" in stage["text"] and len(stage["nodes"]) == canonical["nodes"]
     node = stage["nodes"][-1]
@@ -58,14 +58,31 @@ def test_stage_json_by_name_and_by_number(dump):
 
 
 def test_diff_json_matches_the_stages(dump):
-    d = run_json("diff", dump, "captured", "canonicalize", "--graph", "0")
-    before = inspect_dump.show_stage(dump, None, "captured")["nodes"]
+    d = run_json("diff", dump, "canonical_form", "canonicalize", "--graph", "0")
+    before = inspect_dump.show_stage(dump, None, "canonical_form")["nodes"]
     after = {n["name"] for n in inspect_dump.show_stage(dump, None, "canonicalize")["nodes"]}
-    assert d["from"] == "captured" and d["to"] == "canonicalize" and d["passes"] == ["canonicalize"]
+    assert d["from"] == "canonical_form" and d["to"] == "canonicalize" and d["passes"] == ["canonicalize"]
     assert len(d["removed"]) - len(d["added"]) == d["nodes_before"] - d["nodes_after"] > 0
     assert all(n["name"] not in after for n in d["removed"])
     assert {n["name"] for n in d["removed"]} <= {n["name"] for n in before}
     assert d["rewired"], "removing view chains rewires their users"
+
+
+def test_a_near_miss_shows_its_canonical_expression_and_what_differs(tmp_path):
+    """A lightning indexer with gelu where the pattern has relu: the graph's stages list the near miss with the
+    canonical expression at the top-k and the first term that is not the pattern's."""
+    from npu_graph.tools.fusion_spellings import family
+
+    spelling = next(n for n in family("indexer").negatives if n.name == "gelu").build()
+    with torch.no_grad():
+        torch.compile(spelling.module, backend="ascend_dsa",
+                      options={"cache": False, "dump_dir": str(tmp_path)})(*spelling.inputs)
+    data = run_json(str(tmp_path), "--graph", "0")
+    [miss] = [m for m in data["near_misses"] if m["pass"] == "fuse_lightning_indexer"]
+    assert "gelu(" in miss["canonical"] and "Σ[" in miss["canonical"]
+    assert miss["differs"] == "gelu(q·k) where the pattern has relu(q·k)"
+    text = run_cli(str(tmp_path), "--graph", "0").stdout
+    assert "near miss of fuse_lightning_indexer" in text and "canonical:" in text and "differs:" in text
 
 
 def test_diff_finds_fused_regions_and_rewired_nodes():
@@ -150,8 +167,8 @@ def test_dump_failing_midway_still_compiles_and_runs(tmp_path, monkeypatch, capl
     assert "disk on fire" in caplog.text
     [folder] = tmp_path.iterdir()
     written = {p.name for p in folder.iterdir()}
-    assert {"00_captured.json", "00_captured.txt", "01_canonicalize.txt", "compiled.py"} <= written
-    assert "01_canonicalize.json" not in written and "summary.json" not in written
+    assert {"00_captured.json", "00_captured.txt", "01_canonical_form.txt", "compiled.py"} <= written
+    assert "01_canonical_form.json" not in written and "summary.json" not in written
 
 
 def test_structured_trace_carries_every_stage(monkeypatch):

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-FAMILY_MODULES = ("indexer", "rotary", "moe_routing", "rms_norm")
+FAMILY_MODULES = ("indexer", "sparse_attention", "mla", "rotary", "moe_routing", "moe_experts",
+                  "rms_norm", "kda", "attn_res")
 
 
 @dataclass

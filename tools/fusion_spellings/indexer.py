@@ -93,20 +93,22 @@ def _project(kind: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 class Indexer(nn.Module):
     """The spelling `c`; `relu`, `weighted` and `seen_kind` substitute other math for the negatives."""
 
-    def __init__(self, c: dict[str, str], relu=None, weighted: bool = True, seen_kind: str | None = None) -> None:
+    def __init__(self, c: dict[str, str], relu=None, weighted: bool = True, seen_kind: str | None = None,
+                 sizes: tuple[int, int, int, int] = (H, D, K, HIDDEN)) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.wq, self.wk, self.ww = (nn.Parameter(torch.randn(n, HIDDEN, generator=g) * HIDDEN ** -0.5)
-                                     for n in (H * D, D, H))
+        self.heads, self.dim, self.topk, hidden = sizes
+        self.wq, self.wk, self.ww = (nn.Parameter(torch.randn(n, hidden, generator=g) * hidden ** -0.5)
+                                     for n in (self.heads * self.dim, self.dim, self.heads))
         self.c, self.relu, self.weighted, self.seen_kind = c, relu, weighted, seen_kind
 
     def projections(self, x: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         p = self.c.get("project", "linear")
-        q = _project(p, x, self.wq).view(x.shape[0], x.shape[1], H, D)
+        q = _project(p, x, self.wq).view(x.shape[0], x.shape[1], self.heads, self.dim)
         return q, _project(p, kv, self.wk), _project(p, x, self.ww)
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        c, scale = self.c, D ** -0.5
+        c, scale = self.c, self.dim ** -0.5
         q, k, w = self.projections(x, kv)
         q = q * scale if c["scale"] == "query" else q
         w = w * scale if c["scale"] == "weights" else w
@@ -114,9 +116,9 @@ class Indexer(nn.Module):
         scores = self.relu(scores) if self.relu else _relu(c["relu"], scores)
         score = _weigh(c["weigh"], scores, w, heads) if self.weighted else scores.sum(heads)
         score = score * scale if c["scale"] == "score" else score
-        score = score / D ** 0.5 if c["scale"] == "divide" else score
+        score = score / self.dim ** 0.5 if c["scale"] == "divide" else score
         seen = visible(self.seen_kind or c["mask_build"], score.shape[-2], score.shape[-1], score.device)
-        return _topk(c["topk"], _mask(c["mask"], score, seen), K)
+        return _topk(c["topk"], _mask(c["mask"], score, seen), self.topk)
 
     def reference_scores(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         q, k, w = self.projections(x, kv)
@@ -124,9 +126,9 @@ class Indexer(nn.Module):
         return score.masked_fill(~visible("arange", score.shape[-2], score.shape[-1], score.device), NEG_INF)
 
 
-def inputs() -> tuple[torch.Tensor, ...]:
+def inputs(rows: int = T, keys: int = S, hidden: int = HIDDEN, batch: int = B) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(B, T, HIDDEN, generator=g), torch.randn(B, S, HIDDEN, generator=g)
+    return torch.randn(batch, rows, hidden, generator=g), torch.randn(batch, keys, hidden, generator=g)
 
 
 def build(c: dict[str, str], **substitute) -> Spelling:

@@ -71,15 +71,17 @@ def _full_width(c: dict[str, str], angles: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 class Rotary(nn.Module):
-    def __init__(self, c: dict[str, str]) -> None:
+    def __init__(self, c: dict[str, str], sizes: tuple[int, int, int] = (H, D, HIDDEN)) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.proj = nn.Parameter(torch.randn(H * D, HIDDEN, generator=g) * HIDDEN ** -0.5)
-        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)), persistent=False)
+        self.heads, self.dim, hidden = sizes
+        self.proj = nn.Parameter(torch.randn(self.heads * self.dim, hidden, generator=g) * hidden ** -0.5)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.dim, 2).float() / self.dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.c = c
 
     def heads_and_angles(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = F.linear(hidden, self.proj).view(hidden.shape[0], hidden.shape[1], H, D)
+        x = F.linear(hidden, self.proj).view(hidden.shape[0], hidden.shape[1], self.heads, self.dim)
         angles = positions[..., None].float() * self.inv_freq
         return x, angles[:, :, None] if self.c.get("broadcast") == "index" else angles.unsqueeze(2)
 
@@ -99,9 +101,10 @@ class Rotary(nn.Module):
         return torch.stack((first, second), dim=-1).flatten(-2)
 
 
-def inputs() -> tuple[torch.Tensor, ...]:
+def inputs(length: int = S, hidden: int = HIDDEN, batch: int = B) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(B, S, HIDDEN, generator=g), torch.arange(3, 3 + S).expand(B, S).contiguous()
+    positions = torch.arange(3, 3 + length).expand(batch, length).contiguous()
+    return torch.randn(batch, length, hidden, generator=g), positions
 
 
 def settle(c: dict[str, str]) -> dict[str, str]:
