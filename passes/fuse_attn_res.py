@@ -26,7 +26,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.fuse_rms_norm import parse_norm
 from npu_graph.passes.matching.axis_trace import Axis, Dim, Expr, Tracer, Value, as_leaf, flat
-from npu_graph.passes.matching.fusion_graph import fuse_matches
+from npu_graph.passes.matching.fusion_graph import fuse_matches, readers
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
 from npu_graph.passes.matching.values import arg, fill_value, same_size, val
@@ -154,19 +154,11 @@ def _logits(tracer: Tracer, softmax: Node, norms: dict[Node, NormLeaf]) -> tuple
 
 def _weighted_sum(tracer: Tracer, softmax: Node, values: Expr, depth: set[int]) -> Node:
     """The first node within MAX_HOPS after the softmax that is Σ_depth softmax · values."""
-    frontier, seen = list(softmax.users), set()
-    for _ in range(MAX_HOPS):
-        following = []
-        for node in frontier:
-            if node in seen or node.op != "call_function":
-                continue
-            seen.add(node)
-            factors, reduced, scale = _product(tracer.trace(node).expr)
-            kinds = {f.node if f.kind == "softmax" else f for f in factors}
-            if len(factors) == 2 and kinds == {softmax, values} and _ids(reduced) == depth and scale == 1.0:
-                return node
-            following += node.users
-        frontier = following
+    for node in readers(softmax, MAX_HOPS):
+        factors, reduced, scale = _product(tracer.trace(node).expr)
+        kinds = {f.node if f.kind == "softmax" else f for f in factors}
+        if len(factors) == 2 and kinds == {softmax, values} and _ids(reduced) == depth and scale == 1.0:
+            return node
     raise NoMatch("no weighted sum Σ_n softmax · v over the same depth axis follows the softmax")
 
 

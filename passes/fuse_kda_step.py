@@ -25,7 +25,7 @@ import torch.fx
 from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.canonical.terms import contraction
 from npu_graph.passes.matching.axis_trace import Axis, Expr, TraceError, Tracer, as_leaf, find, flat
-from npu_graph.passes.matching.fusion_graph import fuse_each
+from npu_graph.passes.matching.fusion_graph import fuse_each, readers
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.materialize import materialize
 from npu_graph.passes.matching.values import VIEWS_AND_CASTS, strip, val
@@ -110,20 +110,12 @@ def _delta_shaped(tracer: Tracer, expr: Expr) -> bool:
 
 def _output(tracer: Tracer, new: Node, depth: Axis) -> tuple[Node, Node]:
     """(the node computing Σ_K q'·S', q') among the first readers of the new state."""
-    frontier, seen = list(new.users), set()
-    for _ in range(MAX_HOPS):
-        following = []
-        for node in frontier:
-            if node in seen or node.op != "call_function":
-                continue
-            seen.add(node)
-            c = contraction(tracer, tracer.trace(node).expr)
-            states = [f for f in c.factors if f.node is new]
-            if len(states) == 1 and len(c.factors) == 2 and c.reduced_ids() == {id(find(depth))} and c.scale == 1.0 \
-                    and not c.scalars:
-                return node, as_leaf(tracer, next(f for f in c.factors if f.node is not new)).node
-            following += node.users
-        frontier = following
+    for node in readers(new, MAX_HOPS):
+        c = contraction(tracer, tracer.trace(node).expr)
+        states = [f for f in c.factors if f.node is new]
+        if len(states) == 1 and len(c.factors) == 2 and c.reduced_ids() == {id(find(depth))} and c.scale == 1.0 \
+                and not c.scalars:
+            return node, as_leaf(tracer, next(f for f in c.factors if f.node is not new)).node
     raise NoMatch("the new state is read by 0 output products q·S' (one expected)")
 
 

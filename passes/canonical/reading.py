@@ -179,3 +179,16 @@ def pairs(even: object, odd: object) -> Node | None:
         return None
     width = val(a[0]).shape[-1]
     return a[0] if same_size(a[2], width) and same_size(b[2], width) else None
+
+
+def pair_view_source(node: object) -> Node | None:
+    """x when node is a view of x [..., D] as [..., D/2, 2] (the even/odd pairs of its last dim)."""
+    if not _op(node, aten.view.default) and not _op(node, aten.reshape.default) \
+            and not _op(node, aten._unsafe_view.default):
+        return None
+    if not isinstance(node.args[0], Node):
+        return None
+    x, v = val(node.args[0]), val(node)
+    if v.dim() != x.dim() + 1 or not same_size(v.shape[-1], 2) or not same_size(v.shape[-2] * 2, x.shape[-1]):
+        return None
+    return node.args[0] if all(map(same_size, v.shape[:-2], x.shape[:-1])) else None

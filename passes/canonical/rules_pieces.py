@@ -13,22 +13,13 @@ import torch
 import torch.fx
 
 from npu_graph.passes.canonical.emit import Emitter
+from npu_graph.passes.canonical.reading import pair_view_source
 from npu_graph.passes.canonical.structure import Structure
-from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, same_size, val
+from npu_graph.passes.matching.values import arg, is_last_dim, val
 
 aten = torch.ops.aten
 Node = torch.fx.Node
 END = 2 ** 63 - 1
-
-
-def _pair_view(node: object) -> Node | None:
-    """x when node is a view of x [..., D] as [..., D/2, 2]."""
-    if not isinstance(node, Node) or node.target not in RESHAPES or not isinstance(node.args[0], Node):
-        return None
-    x, v = val(node.args[0]), val(node)
-    if v.dim() != x.dim() + 1 or not same_size(v.shape[-1], 2) or not same_size(v.shape[-2] * 2, x.shape[-1]):
-        return None
-    return node.args[0] if all(map(same_size, v.shape[:-2], x.shape[:-1])) else None
 
 
 def _even_odd(emit: Emitter, x: Node, index: object) -> Node | None:
@@ -40,7 +31,7 @@ def _even_odd(emit: Emitter, x: Node, index: object) -> Node | None:
 def pieces(node: Node, s: Structure, emit: Emitter) -> Node | None:
     """getitem of a two-way split, or of unbind over a pair view; select of a pair view."""
     if node.target == aten.select.int:
-        source = _pair_view(node.args[0])
+        source = pair_view_source(node.args[0])
         rank = val(node.args[0]).dim()
         return _even_odd(emit, source, node.args[2]) if source is not None and is_last_dim(node.args[1], rank) \
             else None
@@ -48,7 +39,7 @@ def pieces(node: Node, s: Structure, emit: Emitter) -> Node | None:
     if not isinstance(whole, Node):
         return None
     if whole.target == aten.unbind.int:
-        source = _pair_view(whole.args[0])
+        source = pair_view_source(whole.args[0])
         rank = val(whole.args[0]).dim()
         return _even_odd(emit, source, index) if source is not None and is_last_dim(arg(whole, 1, 0), rank) \
             else None

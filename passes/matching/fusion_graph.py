@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -73,6 +73,20 @@ def causal_lengths_from_mask(graph: torch.fx.Graph, mask: torch.fx.Node, score_s
     lengths = graph.call_function(torch.ops.ascend_dsa.causal_lengths.default, (mask, kind == "additive", windows))
     parts = [graph.call_function(operator.getitem, (lengths, i)) for i in range(3 if windows else 2)]
     return parts[0], parts[1], parts[2] if windows else None
+
+
+def readers(node: torch.fx.Node, hops: int) -> Iterator[torch.fx.Node]:
+    """The calls that read `node` within `hops` steps, nearest first (each once)."""
+    frontier, seen = list(node.users), set()
+    for _ in range(hops):
+        following = []
+        for reader in frontier:
+            if reader in seen or reader.op != "call_function":
+                continue
+            seen.add(reader)
+            yield reader
+            following += reader.users
+        frontier = following
 
 
 def anchor_text(node: torch.fx.Node) -> str | None:

@@ -10,7 +10,7 @@ from itertools import permutations
 import torch
 import torch.fx
 
-from npu_graph.passes.canonical.reading import halves, pairs
+from npu_graph.passes.canonical.reading import halves, pair_view_source, pairs
 from npu_graph.passes.canonical.structure import Structure
 from npu_graph.passes.matching.match_util import NoMatch
 from npu_graph.passes.matching.values import RESHAPES, arg, is_last_dim, same_size, scalar, val
@@ -211,13 +211,3 @@ def _merged_pairs(pairs_view: object, at: Node) -> Node | None:
         return None
     with at.graph.inserting_before(at):
         return at.graph.call_function(aten.view.default, (pairs_view, [*pairs_view.args[1][:-2], -1]))
-
-
-def pair_view_source(node: object) -> Node | None:
-    """x when node is a view of x [..., D] as [..., D/2, 2]."""
-    if not isinstance(node, Node) or node.target not in RESHAPES or not isinstance(node.args[0], Node):
-        return None
-    x, v = val(node.args[0]), val(node)
-    if v.dim() != x.dim() + 1 or not same_size(v.shape[-1], 2) or not same_size(v.shape[-2] * 2, x.shape[-1]):
-        return None
-    return node.args[0] if all(map(same_size, v.shape[:-2], x.shape[:-1])) else None

@@ -9,6 +9,7 @@ from torch import nn
 
 from npu_graph.tools.fusion_spellings import Family, Negative, Spelling
 from npu_graph.tools.fusion_spellings.compare import close
+from npu_graph.tools.fusion_spellings.sparse_attention import causal_top_k
 
 B, T, S, HEADS, NOPE, ROPE, VALUE, LATENT, TOPK, HIDDEN = 1, 5, 16, 4, 16, 8, 12, 32, 6, 24
 
@@ -56,8 +57,7 @@ class ExpandedMLA(nn.Module):
         latent, k_rope = F.linear(hidden_kv, self.wkv_a).split([LATENT, ROPE], dim=-1)
         kv = _project(c["project"], latent, self.wkv_b).view(b, s, HEADS, NOPE + VALUE).transpose(1, 2)
         key, value = _keys_values(c, kv, k_rope.unsqueeze(1))
-        causal = torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
-        topk = index_scores.masked_fill(~causal, float("-inf")).topk(TOPK, dim=-1).indices
+        causal, topk = causal_top_k(index_scores, t, s, TOPK)
         dropped = torch.ones(b, t, s, dtype=torch.bool).scatter(-1, topk, False).unsqueeze(1)
         scores = torch.matmul(q, key.transpose(2, 3))
         scores = scores * (NOPE + ROPE) ** -0.5 if c["scale"] == "multiply" else scores / (NOPE + ROPE) ** 0.5
@@ -98,8 +98,7 @@ def _per_head_rope() -> Spelling:
         kv = F.linear(latent, module.wkv_b).view(b, s, HEADS, NOPE + VALUE).transpose(1, 2)
         k_nope, value = torch.split(kv, [NOPE, VALUE], dim=-1)
         key = torch.cat([k_nope, rope_heads], dim=-1)
-        causal = torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
-        topk = index_scores.masked_fill(~causal, float("-inf")).topk(TOPK, dim=-1).indices
+        causal, topk = causal_top_k(index_scores, t, s, TOPK)
         dropped = torch.ones(b, t, s, dtype=torch.bool).scatter(-1, topk, False).unsqueeze(1)
         scores = torch.matmul(q, key.transpose(2, 3)) * 0.2 + _mask("where", causal, dropped)
         return torch.matmul(scores.softmax(-1), value)

@@ -15,6 +15,12 @@ B, T, S, H, C, R, K, HIDDEN = 2, 6, 20, 4, 32, 8, 5, 24
 NEG_INF = float("-inf")
 
 
+def causal_top_k(index_scores: torch.Tensor, rows: int, keys: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the right-down causal [rows, keys] visibility, the top-`count` visible keys of each row)."""
+    causal = torch.arange(keys)[None, :] <= torch.arange(keys - rows, keys)[:, None]
+    return causal, index_scores.masked_fill(~causal, NEG_INF).topk(count, dim=-1).indices
+
+
 def _scores(kind: str, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """q [b, t, h, d] · keys [b, s, d] -> [b, h, t, s]."""
     if kind == "einsum":
@@ -55,8 +61,7 @@ class SparseMLA(nn.Module):
         q = F.linear(x, self.wq).view(b, t, H, C + R)
         q_nope, q_rope = q[..., :C], q[..., C:]
         latent, k_rope = F.linear(kv, self.wkv).split([C, R], dim=-1)
-        causal = torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
-        topk = index_scores.masked_fill(~causal, NEG_INF).topk(K, dim=-1).indices
+        causal, topk = causal_top_k(index_scores, t, s, K)
         main, rope = _scores(c["scores"], q_nope, latent), _scores(c["scores"], q_rope, k_rope)
         scores = main + rope if c["sum"] == "main_first" else rope + main
         scale = (C + R) ** -0.5
@@ -97,8 +102,7 @@ def _separate_values() -> Spelling:
         b, t, s = x.shape[0], x.shape[1], kv.shape[1]
         q = F.linear(x, module.wq).view(b, t, H, C + R)[..., :C]
         latent = F.linear(kv, module.wkv)[..., :C]
-        causal = torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
-        topk = index_scores.masked_fill(~causal, NEG_INF).topk(K, dim=-1).indices
+        causal, topk = causal_top_k(index_scores, t, s, K)
         scores = _index_mask("additive", topk, causal, torch.einsum("bthd,bsd->bhts", q, latent) * 0.1)
         return torch.matmul(scores.softmax(-1), values)
 
