@@ -3,7 +3,9 @@
 
 One sweep in graph order: each node's rules (rules_elementwise, rules_pieces) replace it with its canonical
 spelling, then the operands of a commutative op are put in structural order (canonical/structure.py). A
-replacement must keep the node's dtype, shape and strides, or it is dropped. Counted per rule in the stats.
+replacement must keep the node's dtype, shape and strides, or it is dropped; so the values of the nodes that read
+it stay right, and only those that may alias it (views) are recomputed, not the whole graph's (a full refresh cost
+most of this pass's time). Counted per rule in the stats.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.canonical import rules_elementwise, rules_pieces
 from npu_graph.passes.canonical.emit import Emitter
 from npu_graph.passes.canonical.structure import Structure, sort_operands
-from npu_graph.passes.matching.meta_refresh import meta_snapshot, refresh_meta
+from npu_graph.passes.matching.meta_refresh import refresh_aliases
 from npu_graph.passes.matching.values import same_size
 
 NAME = "canonical_form"
@@ -43,8 +45,9 @@ def _same_value_type(a: object, b: object) -> bool:
     return sa == sb
 
 
-def _rewrite(node: torch.fx.Node, structure: Structure) -> str | None:
-    """Apply the first of the node's rules that gives a replacement of the same type; the rule's name."""
+def _rewrite(node: torch.fx.Node, structure: Structure) -> tuple[str, torch.fx.Node] | None:
+    """Apply the first of the node's rules that gives a replacement of the same type; (the rule's name, the
+    replacement)."""
     for name, rule in RULES.get(node.target, ()):
         emit = Emitter(node)
         try:
@@ -53,24 +56,24 @@ def _rewrite(node: torch.fx.Node, structure: Structure) -> str | None:
             replacement = None  # an argument of another form than the rule reads: the rule does not apply
         if replacement is not None and _same_value_type(replacement.meta.get("val"), node.meta.get("val")):
             node.replace_all_uses_with(replacement)
-            return name
+            return name, replacement
         emit.discard()
     return None
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     counts: Counter[str] = Counter()
-    before = meta_snapshot(gm)
-    structure = Structure(gm.graph)
+    structure, replacements = Structure(gm.graph), []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not node.users:
             continue
-        rule = _rewrite(node, structure)
-        if rule is not None:
-            counts[rule] += 1
+        rewritten = _rewrite(node, structure)
+        if rewritten is not None:
+            counts[rewritten[0]] += 1
+            replacements.append(rewritten[1])
         elif sort_operands(node, structure):
             counts["operand_order"] += 1
     if counts:
         gm.graph.eliminate_dead_code()
-        refresh_meta(gm, since=before)
+        refresh_aliases(replacements)
     return PassResult(changed=bool(counts), stats=dict(counts))

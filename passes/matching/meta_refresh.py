@@ -7,6 +7,10 @@ when it is new, when its inputs differ from what the snapshot recorded (another 
 another shape, stride, dtype, device or offset), or when one of its inputs was recomputed and the node may
 alias it (a view, an in-place op, a getitem of a tuple, anything that is not a functional ATen overload);
 every other node keeps its value. Without a snapshot every node is recomputed.
+
+`refresh_aliases(replaced)` is the cheaper refresh for a rewrite that gave nodes' users replacements of the same
+type (dtype, device, shape, strides): the users' values stay right, except those that may share their input's
+storage (views, getitems), which are recomputed with what they alias, transitively.
 """
 from __future__ import annotations
 
@@ -94,6 +98,24 @@ class _IncrementalProp(FakeTensorProp):
                 return n.meta["val"]
             self.recomputed.add(n)
         return super().run_node(n)
+
+
+def refresh_aliases(replacements: list[torch.fx.Node]) -> None:
+    """Recompute the values of the nodes that may alias a replacement's value (each now reads the replacement, of
+    the same type as the node it replaced), and of the nodes that may alias those, in graph order."""
+    pending, found = [u for r in replacements for u in r.users], set()
+    while pending:
+        node = pending.pop()
+        if node in found or node.op != "call_function" or not _may_alias_inputs(node):
+            continue
+        found.add(node)
+        pending += node.users
+    if not found:
+        return
+    order = {n: i for i, n in enumerate(next(iter(found)).graph.nodes)}
+    for node in sorted(found, key=order.__getitem__):     # fake tensors dispatch in their own mode
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        node.meta["val"] = node.target(*args, **kwargs)
 
 
 def refresh_meta(gm: torch.fx.GraphModule, since: dict[torch.fx.Node, Any] | None = None) -> None:
