@@ -6,7 +6,8 @@ routing weights and ids [T, k]:
   silu(gate) * up over the halves of its output, grouped_mm(., w2ᵀ, offs) * w.flatten()[perm], inverse
   permutation, view(T, k, H).sum(1)
 - dense: every expert on every token over stacked weights (bmm, einsum), combined with the routing weights
-  scattered to a [T, E] matrix (passes/matching/dense_experts.py);
+  scattered to a [T, E] matrix, or each routed slot's expert row weighted and index_add-ed back onto its token
+  (passes/matching/dense_experts.py);
   -> fused_moe(x, w13 [E, 2I, H], w2 [E, H, I], w, ids)
 Loop experts keep their weights as separate graph inputs (parameters lifted by Dynamo): the pass stacks them
 into w13/w2 inside the graph, which copies every expert's weights on each call; grouped experts are
@@ -34,6 +35,7 @@ INFERENCE_ONLY = True
 PATTERN_LOOP = "Σ_e expert_e(x) · Σ_j w·(ids == e)"
 PATTERN_GROUPED = "grouped_mm experts (sorted by expert) -> weighted sum over k"
 PATTERN_DENSE = "Σ_e scatter(ids, w)[t, e] · expert_e(x) over stacked weights"
+PATTERN_INDEX_ADD = "index_add(0, slot // k, expert_ids(x)[slot] · w[slot]) over stacked weights"
 LABEL = "routed experts"
 
 aten = torch.ops.aten
@@ -326,11 +328,12 @@ def _fuse(gm: torch.fx.GraphModule, seen: set[Node], structure: Structure, node:
     """Fuse the experts whose combine is `node`; the adds inside a sum of expert terms are not tried again."""
     if node in seen:
         raise NoMatch("an add inside a sum of expert terms", near=False)
-    if dense_experts.candidate(node):
-        found_dense = dense_experts.match_dense(node, structure)
+    index_add = node.target == aten.index_add.default
+    if index_add or dense_experts.candidate(node):
+        found_dense = (dense_experts.match_index_add if index_add else dense_experts.match_dense)(node, structure)
         _check_routing(found_dense.x, found_dense.weights, found_dense.ids, val(found_dense.down).shape[0])
         dense_experts.rewrite_dense(gm, found_dense)
-        return PATTERN_DENSE
+        return PATTERN_INDEX_ADD if index_add else PATTERN_DENSE
     grouped = node.target == aten.sum.dim_IntList and list(node.args[1]) == [1]
     if grouped:
         found = match_grouped(node)
@@ -351,5 +354,6 @@ def _fuse(gm: torch.fx.GraphModule, seen: set[Node], structure: Structure, node:
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     seen: set[Node] = set()
     structure = Structure(gm.graph)
-    return fuse_each(gm, {aten.sum.dim_IntList, aten.add.Tensor, aten.bmm.default, aten.mm.default},
+    return fuse_each(gm, {aten.sum.dim_IntList, aten.add.Tensor, aten.bmm.default, aten.mm.default,
+                          aten.index_add.default},
                      lambda node: _fuse(gm, seen, structure, node), LABEL, reverse=True)

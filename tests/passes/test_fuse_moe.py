@@ -214,3 +214,41 @@ def test_reference_model_prefill_and_decode():
         assert report.fused_ops["moe_gating_top_k"] == moe_layers and report.fused_ops["fused_moe"] == moe_layers
         for name in (fuse_moe_experts.NAME, fuse_moe_gating.NAME):
             assert next(p["stats"] for p in report.passes if p["name"] == name)["near_misses"] == []
+
+
+def index_add_experts(x, router, gate, up, down, tokens="expand"):
+    """Every expert on every token over stacked weights; each routed slot's row weighted and index_add-ed back onto
+    its token (`tokens` spells the token of a slot; "repeat" names the wrong one, slot mod T)."""
+    weights, ids = (x @ router.t()).softmax(-1).topk(K, dim=-1)
+    xs = x.unsqueeze(0).expand(E, -1, -1)
+    outs = torch.bmm(F.silu(torch.bmm(xs, gate.transpose(1, 2))) * torch.bmm(xs, up.transpose(1, 2)),
+                     down.transpose(1, 2))
+    t = x.shape[0]
+    slot_tokens = {"expand": lambda: torch.arange(t).unsqueeze(1).expand(t, K).reshape(-1),
+                   "floor": lambda: torch.arange(t * K) // K,
+                   "repeat": lambda: torch.arange(t).repeat(K)}[tokens]()
+    rows = weights.reshape(-1, 1) * outs[ids.reshape(-1), slot_tokens]
+    return torch.zeros_like(x).index_add(0, slot_tokens, rows)
+
+
+def stacked_swiglu(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(E, H, generator=g), torch.randn(E, 8, H, generator=g) * 0.3,
+            torch.randn(E, 8, H, generator=g) * 0.3, torch.randn(E, H, 8, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("tokens", ["expand", "floor"])
+def test_dense_experts_combined_by_index_add(ops, tokens):
+    stats, before, after = run(lambda x, *w: index_add_experts(x, *w, tokens=tokens), torch.randn(T, H),
+                               *stacked_swiglu(), ops=ops)
+    assert stats["matches"] == {fuse_moe_experts.PATTERN_INDEX_ADD: 1, fuse_moe_gating.PATTERN: 1}
+    assert before["aten.index_add.default"] == 1 and before["aten.bmm.default"] == 3
+    assert after[FUSED] == 1 and not {"aten.index_add.default", "aten.bmm.default"} & set(after)
+
+
+def test_index_add_onto_other_tokens_than_the_slots_does_not_fuse(ops):
+    stats, before, after = run(lambda x, *w: index_add_experts(x, *w, tokens="repeat"), torch.randn(T, H),
+                               *stacked_swiglu(), ops=ops)
+    assert FUSED not in after and after["aten.index_add.default"] == 1
+    assert [m["reason"] for m in stats["near_misses"]] == [
+        "the rows are not added onto the tokens of their routed slots (tok = slot // k)"]

@@ -1,7 +1,8 @@
 """Routed SwiGLU expert spellings: out = Σ_e expert_e(x) · Σ_j w[:, j]·(ids[:, j] == e) with ids, w a top-k of the
 router, expert_e(x) = down_e(silu(gate_e(x)) · up_e(x)), as a loop over the experts or densely (every expert on
-every token by bmm or einsum over stacked weights, combined with the routing weights scattered to [T, E]) ->
-`ascend_dsa.fused_moe` (and the router's `moe_gating_top_k`)."""
+every token by bmm or einsum over stacked weights, combined with the routing weights scattered to [T, E], or each
+routed slot's expert row picked, weighted and index_add-ed back onto its token) -> `ascend_dsa.fused_moe` (and the
+router's `moe_gating_top_k`)."""
 from __future__ import annotations
 
 import torch
@@ -51,6 +52,22 @@ def _routing_matrix(kind: str, weights: torch.Tensor, ids: torch.Tensor) -> torc
     return torch.zeros(ids.shape[0], E, dtype=weights.dtype).scatter(1, ids, weights)   # "scatter"
 
 
+def _index_add(kind: str, x: torch.Tensor, outs: torch.Tensor, weights: torch.Tensor,
+               ids: torch.Tensor) -> torch.Tensor:
+    """Σ over the routed slots (t, j) of outs[ids[t, j], t] · w[t, j], added onto row t by index_add."""
+    t, k = ids.shape
+    if kind == "index_add":
+        tokens = torch.arange(t).unsqueeze(1).expand(t, k).reshape(-1)
+    else:   # "index_add_inplace": the token of slot s is s // k
+        tokens = torch.div(torch.arange(t * k), k, rounding_mode="floor")
+    picked = outs[ids.reshape(-1), tokens] * weights.reshape(-1, 1)
+    if kind == "index_add":
+        return torch.zeros_like(x).index_add(0, tokens, picked)
+    out = x.new_zeros(x.shape)
+    out.index_add_(0, tokens, picked)
+    return out
+
+
 class Experts(nn.Module):
     def __init__(self, c: dict[str, str]) -> None:
         super().__init__()
@@ -89,6 +106,8 @@ class Experts(nn.Module):
         gate, up, down = (torch.stack(list(p)) for p in (self.gate, self.up, self.down))
         hidden = _act(c["act"], _stacked(c["stacked"], x, gate), _stacked(c["stacked"], x, up))
         outs = _stacked(c["stacked"], hidden, down)                    # [E, T, H]
+        if c["combine_dense"].startswith("index_add"):
+            return _index_add(c["combine_dense"], x, outs, weights, ids)
         routing = _routing_matrix(c["scatter"], weights, ids)          # [T, E]
         if c["combine_dense"] == "einsum":
             return torch.einsum("te,eth->th", routing, outs)
@@ -100,12 +119,15 @@ def inputs() -> tuple[torch.Tensor, ...]:
 
 
 def settle(c: dict[str, str]) -> dict[str, str]:
-    """The loop reads linear/slot/weigh/order/combine, the dense form stacked/scatter/combine_dense."""
+    """The loop reads linear/slot/weigh/order/combine, the dense form stacked/scatter/combine_dense (scatter only
+    when it combines by a routing matrix)."""
     c = dict(c)
     if c["form"] == "loop":
         c.update(stacked="bmm", scatter="scatter", combine_dense="einsum")
     else:
         c.update(linear="functional", slot="where", weigh="after", order="ascending", combine="zeros")
+        if c["combine_dense"].startswith("index_add"):
+            c.update(scatter="scatter")
     return c
 
 
@@ -117,7 +139,7 @@ CHOICES = {
     "form": ("loop", "loop", "dense"),
     "stacked": ("bmm", "einsum"),
     "scatter": ("scatter", "scatter_add"),
-    "combine_dense": ("einsum", "mul_sum"),
+    "combine_dense": ("einsum", "mul_sum", "index_add", "index_add_inplace"),
     "linear": ("functional", "matmul_t", "matmul"),
     "act": ("silu_first", "up_first", "sigmoid"),
     "slot": ("where", "float_mask", "bool_mask"),
