@@ -165,7 +165,9 @@ def _match_parts(anchor: torch.fx.Node, tracer: Tracer, parts: Any, score: Any, 
     if k_rope.target == aten.expand.default:
         k_rope = k_rope.args[0]
     if val(k_rope).dim() != 4 or val(k_rope).shape[1] != 1:
-        raise NoMatch("the rope key is not shared by the heads")
+        raise NoMatch("the rope key is not shared by the heads",
+                      differs=f"a rope key of shape {list(val(k_rope).shape)} where the pattern has one head "
+                              "[B, 1, S, R]")
     if dense and not _absorbing_pays(q_cat, latent, k_rope, weight, nope):
         raise NoMatch("dense attention over as many query rows as the expanded form costs", near=False)
     q_dims, v_dims = tracer.trace(q_cat).dims, tracer.leaf_dims[parts.value.node]

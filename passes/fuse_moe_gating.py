@@ -25,7 +25,7 @@ from npu_graph.pass_api import PassContext, PassResult
 from npu_graph.passes.canonical.masks import peel_mask
 from npu_graph.passes.canonical.reading import sigmoid_of, softmax_of
 from npu_graph.passes.canonical.structure import Structure
-from npu_graph.passes.matching.fusion_graph import fuse_matches
+from npu_graph.passes.matching.fusion_graph import anchor_text, fuse_matches
 from npu_graph.passes.matching.match_util import NoMatch, topk_parts
 from npu_graph.passes.matching.values import (
     NEGATIONS,
@@ -189,11 +189,23 @@ def _weights(m: Gating, norm: Node) -> None:
     if len(scaled) == 1 and len(w.users) == 1:
         w, m.scale = scaled[0], scalar(scaled[0].args[1])
     if m.norm_type == 1 and not m.renorm:
-        raise NoMatch("sigmoid routing weights without renormalisation (the fused op always renormalises)")
+        raise NoMatch("sigmoid routing weights without renormalisation (the fused op always renormalises)",
+                      differs="w = sigmoid(logits)[top-k] where the pattern has w / Σ_k w")
     m.weights_out = w
 
 
 def match(topk: Node) -> Gating:
+    """The routing read from its top-k; a near miss carries the canonical expression of the scores it selects."""
+    try:
+        return _match(topk)
+    except NoMatch as exc:
+        if exc.near and exc.canonical is None:
+            scores = anchor_text(topk.args[0])
+            exc.canonical = f"top{topk.args[1]}({scores})" if scores else None
+        raise
+
+
+def _match(topk: Node) -> Gating:
     k, dim = topk.args[1], arg(topk, 2, -1)
     x = topk.args[0]
     if not isinstance(k, int) or val(x) is None or val(x).dim() != 2 or not is_last_dim(dim, x) \

@@ -74,7 +74,9 @@ def match(anchor: torch.fx.Node) -> SparseMatch:
         terms, scale = score_terms(tracer, score, parts.keys)
         main = [t for t in terms if t.k is parts.value.node]
         if len(main) != 1 or len(terms) > 2:
-            raise NoMatch("the value is not the key of one score term (MLA absorbed form)")
+            raise NoMatch("the value is not the key of one score term (MLA absorbed form)",
+                          differs=f"values {parts.value.node.name} beside score keys "
+                                  f"{', '.join(t.k.name for t in terms)} where the pattern has the latent key")
         rope = next((t for t in terms if t is not main[0]), None)
         m = SparseMatch(PATTERN_MASK if additive is not None else PATTERN_GATHER, anchor, tracer, main[0], rope,
                         scale, parts.keys)

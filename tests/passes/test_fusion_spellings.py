@@ -1,7 +1,7 @@
 """Fusion that does not depend on how the model is written: for every fusion family, hypothesis composes spellings
 from independent choices (npu_graph.tools.fusion_spellings), each is compiled static and with dynamic=True, and
 must give the family's fused ops and eager's numbers; spellings of other math must not fuse, and their near miss
-says why. `-m slow` draws many more spellings."""
+says why and shows the canonical expression it read. `-m slow` draws many more spellings."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,5 +55,6 @@ def test_other_math_does_not_fuse_and_the_near_miss_says_why(name, negative):
     found = next(n for n in family(name).negatives if n.name == negative)
     outcome = compile_spelling(found.build(), dynamic=False)
     assert outcome.fused and outcome.exact, outcome.detail     # fused == the op is absent, as the spelling says
-    reasons = " ".join(m["reason"] + " " + m.get("differs", "") for m in outcome.near_misses)
-    assert found.reason in reasons, outcome.near_misses
+    saying = [m for m in outcome.near_misses if found.reason in m["reason"] + " " + (m.get("differs") or "")]
+    assert saying, outcome.near_misses
+    assert all(m.get("canonical") for m in saying), saying     # the canonical expression the pass read
