@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from npu_graph.pass_api import PassContext, PassResult
+from npu_graph.passes.canonical.printer import Printer
 from npu_graph.passes.canonical.terms import contraction
 from npu_graph.passes.matching.axis_trace import Axis, Expr, TraceError, Tracer, as_leaf, find, flat
 from npu_graph.passes.matching.fusion_graph import fuse_each, readers
@@ -63,23 +64,64 @@ def _decayed(tracer: Tracer, expr: Expr) -> tuple[Node, Node] | None:
     return _leaf(tracer, rest[0]), _leaf(tracer, exps[0].factors[0])
 
 
+def _texts(printer: Printer, factors: list[Expr]) -> list[str]:
+    """The factors as canonical text, sorted: equal lists are the same product (structural keys)."""
+    return sorted(printer.term(f) for f in factors)
+
+
+def _product_node(tracer: Tracer, near: Node, factors: list[Expr], scale: float = 1.0) -> Node | None:
+    """The node that computes scale · Π factors (no reduction) among the few nodes feeding `near`: a key or query
+    that is itself a product (an l2-normalised x·rsqrt(Σx²), a scaled query) is one operand of the op."""
+    if len(factors) == 1 and scale == 1.0:
+        return _leaf(tracer, factors[0])
+    printer = Printer(tracer)
+    wanted, frontier = _texts(printer, factors), list(near.all_input_nodes)
+    for _ in range(MAX_HOPS):
+        for node in frontier:
+            try:
+                c = contraction(tracer, tracer.trace(node).expr)
+            except TraceError:
+                continue
+            if not c.reduced and not c.scalars and c.scale == scale and _texts(printer, c.factors) == wanted:
+                tracer.leaf_dims.setdefault(node, tracer.memo[node].dims)     # used as it is, as a leaf
+                return node
+        frontier = [i for n in frontier for i in n.all_input_nodes]
+    return None
+
+
+def _key_factors(tracer: Tracer, read: Expr, state: Node, g: Node) -> list[Expr] | None:
+    """The key's factors when read = −Σ_K k·S·exp(g) (k one factor or a product of several)."""
+    c = contraction(tracer, read)
+    if c.scale != -1.0 or not c.reduced or c.scalars:
+        return None
+    states = [f for f in c.factors if f.kind == "leaf" and _leaf(tracer, f) is state]
+    decays = [f for f in c.factors if f.kind == "unary" and f.node.target == aten.exp.default
+              and _leaf(tracer, f.factors[0]) is g]
+    if len(states) != 1 or len(decays) != 1 or len(c.factors) < 3:
+        return None
+    return [f for f in c.factors if f is not states[0] and f is not decays[0]]
+
+
 def _correction(tracer: Tracer, expr: Expr, state: Node, g: Node) -> tuple[Node, Node, Node]:
     """(k, beta, v) when expr = k ⊗ beta · (v − Σ_K k · S·exp(g))."""
     o = contraction(tracer, expr)
     diffs = [f for f in o.factors if f.kind == "add" and len(f.factors) == 2]
-    if o.reduced or o.scale != 1.0 or len(diffs) != 1 or len(o.factors) != 3:
+    if o.reduced or o.scale != 1.0 or o.scalars or len(diffs) != 1 or len(o.factors) < 3:
         raise NoMatch("the state's increment is not k ⊗ beta·(v − k·S)")
+    printer, others = Printer(tracer), [f for f in o.factors if f is not diffs[0]]
     for v_expr, read in permutations(diffs[0].factors):
-        c = contraction(tracer, read)
-        if v_expr.scale == 1.0 and c.scale == -1.0 and c.reduced and len(c.factors) == 3:
-            names = {_leaf(tracer, f) if f.kind != "unary" else ("exp", _leaf(tracer, f.factors[0]))
-                     for f in c.factors}
-            keys = [n for n in names if isinstance(n, Node) and n is not state]
-            others = [f for f in o.factors if f is not diffs[0]]
-            if {state, ("exp", g)} <= names and len(keys) == 1:
-                k, beta = sorted((_leaf(tracer, f) for f in others), key=lambda n: n is not keys[0])
-                if k is keys[0]:
-                    return k, beta, _leaf(tracer, v_expr)
+        key = _key_factors(tracer, read, state, g) if v_expr.scale == 1.0 else None
+        if key is None:
+            continue
+        texts, rest = _texts(printer, key), list(others)
+        for text in texts:     # the outer product's factors are the key's and beta
+            found = next((f for f in rest if printer.term(f) == text), None)
+            rest = [f for f in rest if f is not found] if found is not None else None
+            if rest is None:
+                break
+        k = _product_node(tracer, expr.node, key) if rest is not None and len(rest) == 1 else None
+        if k is not None:
+            return k, _leaf(tracer, rest[0]), _leaf(tracer, v_expr)
     raise NoMatch("the correction is not beta · (v − k·S·exp(g)) with the key of the outer product")
 
 
@@ -103,19 +145,23 @@ def _update(tracer: Tracer, new: Node) -> dict[str, Node]:
 
 
 def _delta_shaped(tracer: Tracer, expr: Expr) -> bool:
-    """k ⊗ beta·(v − ...): a product of three factors, one of them a difference (the rule without its decay)."""
+    """k ⊗ beta·(v − ...): a product of three or more factors (the key may be a product), one of them a difference
+    (the rule without its decay)."""
     c = contraction(tracer, expr)
-    return not c.reduced and len(c.factors) == 3 and sum(f.kind == "add" for f in c.factors) == 1
+    return not c.reduced and len(c.factors) >= 3 and sum(f.kind == "add" for f in c.factors) == 1
 
 
 def _output(tracer: Tracer, new: Node, depth: Axis) -> tuple[Node, Node]:
-    """(the node computing Σ_K q'·S', q') among the first readers of the new state."""
+    """(the node computing Σ_K q'·S', q') among the first readers of the new state; q' is the node that computes
+    every other factor and the scale (a query that is itself a product, or scaled, is one operand)."""
     for node in readers(new, MAX_HOPS):
         c = contraction(tracer, tracer.trace(node).expr)
         states = [f for f in c.factors if f.node is new]
-        if len(states) == 1 and len(c.factors) == 2 and c.reduced_ids() == {id(find(depth))} and c.scale == 1.0 \
-                and not c.scalars:
-            return node, as_leaf(tracer, next(f for f in c.factors if f.node is not new)).node
+        if len(states) != 1 or len(c.factors) < 2 or c.reduced_ids() != {id(find(depth))} or c.scalars:
+            continue
+        q = _product_node(tracer, node, [f for f in c.factors if f is not states[0]], c.scale)
+        if q is not None:
+            return node, q
     raise NoMatch("the new state is read by 0 output products q·S' (one expected)")
 
 

@@ -1,5 +1,6 @@
-"""The reference model compiled with every pass: each DSA layer's indexer and sparse attention, MoE, norms and
-AttnRes become fused ops, nothing is left as a near miss, and summary.json lists fused ops and near misses."""
+"""The reference model compiled with every pass: each DSA layer's indexer and sparse attention, each KDA layer's
+step, MoE, norms and AttnRes become fused ops, nothing is left as a near miss, and summary.json lists fused ops
+and near misses."""
 import glob
 import json
 import os
@@ -36,6 +37,7 @@ def check(config, reports, tmp_path):
         assert fused["lightning_indexer"] == dsa and fused["sparse_flash_attention"] == dsa
         assert fused["moe_gating_top_k"] == moe_layers and fused["fused_moe"] == moe_layers
         assert fused["rms_norm"] > 0 and fused["attn_res"] > 0
+        assert fused["chunk_kda"] == config.layer_types.count("kda")     # prefill calls it, a decode step fuses
         assert report.near_misses() == []
     for path in glob.glob(os.path.join(str(tmp_path), "*", "summary.json")):
         with open(path) as f:

@@ -4,7 +4,7 @@ misses (non-fp32 state, a step whose new state nobody reads with a query) and gr
 import pytest
 import torch
 
-from npu_graph.models.kda import _kda_step
+from npu_graph.models.kda import _kda_step, l2_normalize
 from npu_graph.passes import fuse_kda_step
 
 STEP_OPS = {"aten.bmm", "aten.exp"}
@@ -32,6 +32,12 @@ def model_step(q, k, v, g, beta, state):
     return o, new
 
 
+def normalized_step(q, k, v, g, beta, state):
+    """The reference model's decode step: q and k l2-normalised inside the step (each a product x·rsqrt(Σx²)), the
+    query scaled."""
+    return model_step(l2_normalize(q), l2_normalize(k), v, g, beta, state)
+
+
 def assert_fused(watched):
     assert watched.stats["matches"] == {fuse_kda_step.PATTERN: 1}
     assert "ascend_dsa.chunk_kda" in watched.after_names and watched.before_names >= STEP_OPS
@@ -41,7 +47,8 @@ def assert_fused(watched):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("step", [model_step, swapped_step], ids=["reference_model", "swapped_operands"])
+@pytest.mark.parametrize("step", [model_step, swapped_step, normalized_step],
+                         ids=["reference_model", "swapped_operands", "normalized_query_and_key"])
 @pytest.mark.parametrize("sizes", [(2, 3, 8, 5), (1, 8, 64, 64), (3, 1, 16, 40)])
 def test_steps_become_chunk_kda(watch_pass, step, sizes):
     b, h, dk, dv = sizes
