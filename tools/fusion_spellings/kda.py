@@ -49,7 +49,11 @@ class KDAStep(nn.Module):
     def inputs_of(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b = x.shape[0]
         q, k, v, g, beta = F.linear(x, self.proj).view(b, H, -1).split([DK, DK, DV, DK, 1], dim=-1)
-        return q, F.normalize(k, dim=-1), v, -F.softplus(g), beta.squeeze(-1).sigmoid()
+        if self.c.get("normalize") == "rsqrt":     # q and k as fla's l2norm: x · rsqrt(Σ x² + eps)
+            q, k = (t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
+        else:
+            k = F.normalize(k, dim=-1)
+        return q, k, v, -F.softplus(g), beta.squeeze(-1).sigmoid()
 
     def forward(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.c
@@ -82,6 +86,7 @@ CHOICES = {
     "update": ("decayed_first", "outer_first"),
     "output": ("einsum", "matmul", "mul_sum"),
     "scale": ("query", "output"),
+    "normalize": ("functional", "rsqrt"),
 }
 
 
