@@ -76,3 +76,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = [{k: v for k, v in r.items() if k != "misses"} for r in rows] + timings
     return {"suite": "fusion", "families": [{k: r[k] for k in ("family", "drawn", "fused", "exact")} for r in rows],
             "timings": timings, "rows": table, "notes": notes}
+
+
+def print_text(result: dict[str, Any]) -> None:
+    """One line per family, one per timed case (a table of both would not fit a terminal)."""
+    machine = result.get("machine", {})
+    print(f"ascend-dsa bench fusion — {machine.get('cpu', '?')}, native kernels at {result.get('isa', '?')}")
+    print(f"{'family':<18}{'drawn':>6}{'fused':>6}{'exact':>6}{'spellings':>11}")
+    for row in (r for r in result["rows"] if "family" in r):
+        print(f"{row['family']:<18}{row['drawn']:>6}{row['fused']:>6}{row['exact']:>6}{row['space']:>11}")
+    for t in result["timings"]:
+        print(f"{t['case']}: {t['fused_op']} {t['ascend_dsa_ms']:.3g} ms, Inductor {t['inductor_ms']:.3g} ms, "
+              f"eager {t['eager_ms']:.3g} ms: {t['speedup_vs_inductor']:.2f}× Inductor's speed")
+    for note in result.get("notes", []):
+        print(f"- {note}")

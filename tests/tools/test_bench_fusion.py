@@ -35,3 +35,16 @@ def test_the_suite_prints_families_and_timings_as_json(monkeypatch, capsys):
     assert all(set(f) == {"family", "drawn", "fused", "exact"} and f["drawn"] == 1 for f in data["families"])
     assert [t["fused_op"] for t in data["timings"]] == ["lightning_indexer", "rotary_mul"]
     assert all(t["ascend_dsa_ms"] > 0 and t["inductor_ms"] > 0 for t in data["timings"])
+
+
+def test_the_text_output_has_a_line_per_family_and_per_timed_case(capsys):
+    row = {"family": "rotary", "drawn": 12, "fused": 11, "exact": 12, "space": 146}
+    timing = {"case": "rotary S=2048 (16×64)", "fused_op": "rotary_mul", "ascend_dsa_ms": 2.0, "inductor_ms": 3.0,
+              "eager_ms": 6.0, "speedup_vs_inductor": 1.5}
+    bench_fusion.print_text({"machine": {"cpu": "a CPU"}, "isa": "avx2", "rows": [row, timing],
+                             "timings": [timing], "notes": ["a note"]})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ascend-dsa bench fusion — a CPU, native kernels at avx2"
+    assert lines[2].split() == ["rotary", "12", "11", "12", "146"]
+    assert lines[3].startswith("rotary S=2048 (16×64): rotary_mul 2 ms, Inductor 3 ms") and "1.50×" in lines[3]
+    assert lines[4] == "- a note" and len(lines) == 5
