@@ -30,6 +30,7 @@ SUITES = {
     "ep": "npu_graph.tools.bench_ep",
     "fleet": "npu_graph.tools.bench_fleet",
     "fusion": "npu_graph.tools.bench_fusion",
+    "context": "npu_graph.tools.bench_context",
 }
 
 

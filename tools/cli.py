@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                        "vs one process on two gloo ranks), fleet (4 ranks under torchrun, 2 simulated nodes, cold "
                        "on one shared compile cache vs one rank alone: first-output seconds, compile CPU-seconds, "
                        "outputs equal), fusion (per fusion family: spellings drawn, fused, "
-                       "exact; the indexer and rotary fused beside Inductor at S=2048)")
+                       "exact; the indexer and rotary fused beside Inductor at S=2048), context (one DeepSeek-V3.2-sized layer's decode cost "
+                       "from 4K to 128K tokens: dense MLA and DSA, eager, Inductor, ascend_dsa, against the "
+                       "roofline floor)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
     bench.add_argument("--spellings", type=positive_int, default=12,
@@ -55,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="spec only: tokens of context, prompt and new tokens (default 4096; 256 with --quick)")
     bench.add_argument("--random-weights", action="store_true",
                        help="quant only: measure accuracy on the untrained model instead of the trained checkpoint")
+    bench.add_argument("--plot", default=None, metavar="FILE",
+                       help="context only: write ms/token against context for every row, and the floor, as SVG")
+    bench.add_argument("--toy", action="store_true", help=argparse.SUPPRESS)     # context: tiny sizes, for tests
     train_cli.add_parser(sub)
     inspect_cli.add_parser(sub)
     add_cache_parser(sub)

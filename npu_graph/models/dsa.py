@@ -46,9 +46,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     """Rotate `x` `[B, T, H, D]` by per-position angles `[B, T, D/2]`.
 
     Interleaved pairs (x0, x1), (x2, x3)... for MLA, as DeepSeek's reference; halves (x[:D/2], x[D/2:]) for the
-    indexer.
+    indexer. The result keeps `x`'s dtype (a bf16 model rotates in bf16).
     """
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    cos, sin = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
@@ -139,9 +139,11 @@ class DSAAttention(nn.Module):
         self.rotary = Rotary(self.rope_dim, config.rope_theta)
         self.indexer = LightningIndexer(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache) -> torch.Tensor:
+    def project(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qr, q_latent `[B, T, H, C]`, rotated q_rope `[B, T, H, R]`) of `x`; writes this step's latent and
+        RoPE key to the cache."""
         batch, seq, _ = x.shape
-        layer = cache.layers[self.layer_idx]
         cos, sin = self.rotary(positions)
         qr = self.q_norm(self.q_a(x))
         q = self.q_b(qr).view(batch, seq, self.n_heads, self.nope_dim + self.rope_dim)
@@ -152,17 +154,30 @@ class DSAAttention(nn.Module):
         k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True)
         cache.write(layer.latent, positions, latent.unsqueeze(2), layer.latent_scale)
         cache.write(layer.k_rope, positions, k_rope)
-        topk = self.indexer(x, qr, positions, cache, layer)
+        w_uk = self._absorbed_weights()[0]
+        return qr, torch.einsum("bthd,hdc->bthc", q_nope, w_uk), q_rope
 
+    def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b's key and value weights per head, `[H, nope, C]` and `[H, v, C]`."""
         w_kv = self.kv_b.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
-        w_uk, w_uv = w_kv.split([self.nope_dim, self.v_dim], dim=1)
-        q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)
-        if seq == 1:
+        return w_kv.split([self.nope_dim, self.v_dim], dim=1)
+
+    def output(self, out_latent: torch.Tensor) -> torch.Tensor:
+        """o_proj of the value-projected attention output `out_latent` `[B, T, H, C]`."""
+        batch, seq = out_latent.shape[:2]
+        w_uv = self._absorbed_weights()[1]
+        out = torch.einsum("bthc,hvc->bthv", out_latent, w_uv)
+        return self.o_proj(out.reshape(batch, seq, self.n_heads * self.v_dim))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache) -> torch.Tensor:
+        layer = cache.layers[self.layer_idx]
+        qr, q_latent, q_rope = self.project(x, positions, cache, layer)
+        topk = self.indexer(x, qr, positions, cache, layer)
+        if x.shape[1] == 1:
             out_latent = self._decode(q_latent, q_rope, topk, positions, cache, layer)
         else:
             out_latent = self._prefill(q_latent, q_rope, topk, positions, cache, layer)
-        out = torch.einsum("bthc,hvc->bthv", out_latent, w_uv)
-        return self.o_proj(out.reshape(batch, seq, self.n_heads * self.v_dim))
+        return self.output(out_latent)
 
     def _prefill(self, q_latent: torch.Tensor, q_rope: torch.Tensor, topk: torch.Tensor,
                  positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:

@@ -39,3 +39,45 @@ def step(what: str, prefix: str = "ascend-dsa") -> Iterator[None]:
         out.print(f"{label} ...", soft_wrap=True)
         yield
     out.print(f"{label}: done in {time.perf_counter() - start:.1f} s", soft_wrap=True)
+
+
+class Sweep:
+    """A benchmark sweep of `total` points: `point(what)` runs one as a step, its label prefixed with
+    "[done/total]"; on a terminal a bar of the whole sweep stays under the steps."""
+
+    def __init__(self, total: int, prefix: str) -> None:
+        self.total, self.prefix, self.done = total, prefix, 0
+        self._bar = None
+
+    def __enter__(self) -> Sweep:
+        if enabled():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            out = Console(stderr=True, highlight=False)
+            if out.is_terminal:
+                self._bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                     console=out, transient=True)
+                self._bar.start()
+                self._task = self._bar.add_task(self.prefix, total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    @contextlib.contextmanager
+    def point(self, what: str) -> Iterator[None]:
+        """Run one point of the sweep (a step: its start and done lines), then advance the bar."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.prefix}: {what}")
+            start = time.perf_counter()
+            yield
+            self._bar.console.print(f"{self.prefix}: [{self.done + 1}/{self.total}] {what}: done in "
+                                    f"{time.perf_counter() - start:.1f} s", soft_wrap=True, markup=False)
+        else:
+            with step(f"[{self.done + 1}/{self.total}] {what}", self.prefix):
+                yield
+        self.done += 1
+        if self._bar is not None:
+            self._bar.advance(self._task)

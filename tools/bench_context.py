@@ -1,0 +1,155 @@
+"""`ascend-dsa bench context`: the cost of one DeepSeek-V3.2-sized layer (tools/context_rig.py) as the context grows,
+for dense MLA and DSA in eager, Inductor and ascend_dsa (bf16 and the FP8 policy), against the roofline floor.
+
+Decode points: one new token after 4K..128K cached ones (`--quick`: 4K, 32K, 128K); at each context every row
+is timed side by side (tools.timing), with ascend_dsa's verify steps of 2, 3 and 4 tokens (`ascend_dsa_verify<N>`,
+the step's ms). Each point carries its roofline floor (tools/context_costs.py, with the rates tools/roofline.py
+measures in the same run): `floor_ms` of the whole step, `op_floor_sum_ms` of its operations one after another,
+and `ratio_to_floor`. Chunked prefill points follow (tools/bench_context_prefill.py).
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from typing import Any
+
+import torch
+
+from npu_graph.models.context_layer import REAL_SIZES, ContextLayer, real_size_config, weights_bytes
+from npu_graph.observe import progress
+from npu_graph.runtime import glue_upgrade
+from npu_graph.tools import context_costs, context_rig, roofline
+from npu_graph.tools.context_costs import Rates
+from npu_graph.tools.timing import time_side_by_side
+
+CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768, 131072)}
+VERIFY_TOKENS = (2, 3, 4)
+DECODE_ROUNDS = {False: 6, True: 3}
+# Small sizes for tests (`--toy`): every code path of the real sweep in seconds.
+TOY_SIZES = {"hidden_size": 256, "num_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
+             "qk_rope_head_dim": 16, "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32,
+             "index_rope_head_dim": 16, "index_topk": 64, "intermediate_size": 128, "block_size": 16}
+TOY_CONTEXTS = (128, 512)
+
+
+class Sweep:
+    """The layer, its rows' step functions and the machine's rates, shared by every point."""
+
+    def __init__(self, toy: bool) -> None:
+        torch.manual_seed(0)
+        self.config = real_size_config(max(TOY_CONTEXTS), **TOY_SIZES) if toy else real_size_config(4096)
+        self.layer = ContextLayer(self.config).eval().to(torch.bfloat16)
+        self.steps = context_rig.row_steps(self.layer)
+        self.rates, self.rate_figures = roofline.measure(small=toy)
+        self.weight_params = sum(p.numel() for p in self.layer.parameters() if p.dim() > 1)
+        self.index_params = sum(p.numel() for p in self.layer.attn.indexer.parameters() if p.dim() > 1)
+
+    def work(self, context: int, tokens: int, row: str) -> dict[str, context_costs.Work]:
+        return context_costs.step_work(self.config, self.weight_params, self.index_params, context, tokens,
+                                       context_rig.is_sparse(row), row in context_rig.FP8_ROWS)
+
+
+def point(sweep: Sweep, phase: str, row: str, context: int, seconds: float, tokens: int,
+          caches: dict[bool, Any]) -> dict[str, Any]:
+    """One point of the JSON: time, floor and cache bytes of `row` at `context`."""
+    work = sweep.work(context, tokens, row)
+    floor_s, op_sum_s = context_costs.floors(work, sweep.rates)
+    return {"phase": phase, "row": row, "context": context, "tokens": tokens, "ms": 1e3 * seconds,
+            "floor_ms": 1e3 * floor_s, "op_floor_sum_ms": 1e3 * op_sum_s, "ratio_to_floor": seconds / floor_s,
+            "cache_bytes": context_rig.held_bytes(caches[row in context_rig.FP8_ROWS]),
+            "cache_bytes_read": context_costs.cache_bytes_read(work), "topk_overlap": None}
+
+
+@torch.no_grad()
+def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any]]:
+    """Every row's decode step and ascend_dsa's verify steps at `context`, timed side by side."""
+    caches = context_rig.new_caches(sweep.config, context + max(VERIFY_TOKENS), context)
+    generator = torch.Generator().manual_seed(context)
+    inputs = {n: torch.randn(1, n, sweep.config.hidden_size, generator=generator).bfloat16()
+              for n in (1, *VERIFY_TOKENS)}
+
+    def call(row: str, tokens: int) -> Any:
+        step, cache = sweep.steps[row], caches[row in context_rig.FP8_ROWS]
+
+        def run() -> torch.Tensor:
+            cache.lengths.fill_(context)
+            return step(inputs[tokens], cache)
+        return run
+
+    candidates = {row: call(row, 1) for row in sweep.steps}
+    candidates.update({f"ascend_dsa_verify{n}": call("ascend_dsa", n) for n in VERIFY_TOKENS})
+    for run in candidates.values():      # compiles (a new context may recompile)
+        run()
+    glue_upgrade.wait_all()
+    medians = time_side_by_side(candidates, repeat=rounds, warmup=1)
+    points = [point(sweep, "decode", row, context, medians[row], 1, caches) for row in sweep.steps]
+    overlap = context_rig.topk_overlap(sweep.layer, inputs[1], caches, context)
+    for p in points:
+        if p["row"] in context_rig.FP8_ROWS:
+            p["topk_overlap"] = overlap
+    for n in VERIFY_TOKENS:
+        verify = point(sweep, "decode", "ascend_dsa", context, medians[f"ascend_dsa_verify{n}"], n, caches)
+        points.append({**verify, "row": f"ascend_dsa_verify{n}",
+                       "vs_one_token": medians[f"ascend_dsa_verify{n}"] / medians["ascend_dsa"]})
+    return points
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    toy = getattr(args, "toy", False)
+    torch._dynamo.reset()
+    contexts = TOY_CONTEXTS if toy else CONTEXTS[bool(args.quick)]
+    rounds = args.repeat or DECODE_ROUNDS[bool(args.quick)]
+    start = time.perf_counter()
+    with progress.step("layer, rows and the machine's rates", "bench context"):
+        sweep = Sweep(toy)
+    points = []
+    with progress.Sweep(len(contexts), "bench context") as bar:
+        for context in contexts:
+            with bar.point(f"decode @ {context}"):
+                points += decode_points(sweep, context, rounds)
+    at_largest = [p for p in points if p["context"] == max(contexts) and p["tokens"] == 1]
+    held = {p["row"] in context_rig.FP8_ROWS: p["cache_bytes"] for p in at_largest}
+    result = {"suite": "context", "points": points,
+              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "weights_bytes": weights_bytes(sweep.layer),
+              "cache_bytes_held": sum(held.values()),      # the bf16 and FP8 caches, both held at once
+              "rates": sweep.rate_figures, "sizes": TOY_SIZES if toy else REAL_SIZES,
+              "seconds": time.perf_counter() - start}
+    result["notes"] = notes(result)
+    if getattr(args, "plot", None):
+        from npu_graph.tools.context_plot import write_plot
+
+        write_plot(result, args.plot)
+    return result
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    rates = result["rates"]
+    return [f"roofline: read {rates['read_bytes_per_s'] / 1e9:.1f} GB/s, GEMM "
+            f"{max(v for k, v in rates.items() if k.startswith('gemm')) / 1e9:.0f} GFLOP/s (measured in this run)",
+            "ms: median of rounds alternating every row of a context (tools.timing); verify<N>: ms of the N-token step",
+            "peak_rss_bytes: this process's peak over the whole sweep (every row's compiled graphs and both caches)"]
+
+
+def print_text(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    machine = result.get("machine", {})
+    table = Table(title=f"ascend-dsa bench context — {machine.get('cpu', '?')}, {machine.get('threads', '?')} "
+                        f"threads, native kernels at {result.get('isa', '?')}")
+    for column in ("phase", "row", "context", "ms", "floor_ms", "ratio", "op floors", "cache MiB", "read MiB",
+                   "overlap"):
+        table.add_column(column, justify="left" if column in ("phase", "row") else "right")
+    for p in result["points"]:
+        table.add_row(p["phase"], p["row"], str(p["context"]), f"{p['ms']:.1f}", f"{p['floor_ms']:.1f}",
+                      f"{p['ratio_to_floor']:.2f}", f"{p['op_floor_sum_ms']:.1f}", f"{p['cache_bytes'] / 2**20:.0f}",
+                      f"{p['cache_bytes_read'] / 2**20:.1f}",
+                      "" if p["topk_overlap"] is None else f"{p['topk_overlap']:.3f}")
+    console = Console()
+    console.print(table)
+    console.print(f"weights {result['weights_bytes'] / 2**20:.0f} MiB, caches held at the largest context "
+                  f"{result['cache_bytes_held'] / 2**20:.0f} MiB, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
+    for note in result["notes"]:
+        console.print(f"- {note}")
