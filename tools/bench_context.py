@@ -20,7 +20,6 @@ from npu_graph.models.context_layer import REAL_SIZES, ContextLayer, real_size_c
 from npu_graph.observe import progress
 from npu_graph.runtime import glue_upgrade
 from npu_graph.tools import context_costs, context_rig, roofline
-from npu_graph.tools.context_costs import Rates
 from npu_graph.tools.timing import time_side_by_side
 
 CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768, 131072)}
@@ -36,11 +35,11 @@ TOY_CONTEXTS = (128, 512)
 class Sweep:
     """The layer, its rows' step functions and the machine's rates, shared by every point."""
 
-    def __init__(self, toy: bool) -> None:
+    def __init__(self, toy: bool, rows: tuple[str, ...] | None = None) -> None:
         torch.manual_seed(0)
         self.config = real_size_config(max(TOY_CONTEXTS), **TOY_SIZES) if toy else real_size_config(4096)
         self.layer = ContextLayer(self.config).eval().to(torch.bfloat16)
-        self.steps = context_rig.row_steps(self.layer)
+        self.steps = context_rig.row_steps(self.layer, rows)
         self.rates, self.rate_figures = roofline.measure(small=toy)
         self.weight_params = sum(p.numel() for p in self.layer.parameters() if p.dim() > 1)
         self.index_params = sum(p.numel() for p in self.layer.attn.indexer.parameters() if p.dim() > 1)
@@ -77,8 +76,9 @@ def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any
             return step(inputs[tokens], cache)
         return run
 
+    verify = VERIFY_TOKENS if "ascend_dsa" in sweep.steps else ()
     candidates = {row: call(row, 1) for row in sweep.steps}
-    candidates.update({f"ascend_dsa_verify{n}": call("ascend_dsa", n) for n in VERIFY_TOKENS})
+    candidates.update({f"ascend_dsa_verify{n}": call("ascend_dsa", n) for n in verify})
     for run in candidates.values():      # compiles (a new context may recompile)
         run()
     glue_upgrade.wait_all()
@@ -88,9 +88,9 @@ def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any
     for p in points:
         if p["row"] in context_rig.FP8_ROWS:
             p["topk_overlap"] = overlap
-    for n in VERIFY_TOKENS:
-        verify = point(sweep, "decode", "ascend_dsa", context, medians[f"ascend_dsa_verify{n}"], n, caches)
-        points.append({**verify, "row": f"ascend_dsa_verify{n}",
+    for n in verify:
+        step = point(sweep, "decode", "ascend_dsa", context, medians[f"ascend_dsa_verify{n}"], n, caches)
+        points.append({**step, "row": f"ascend_dsa_verify{n}",
                        "vs_one_token": medians[f"ascend_dsa_verify{n}"] / medians["ascend_dsa"]})
     return points
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = args.repeat or DECODE_ROUNDS[bool(args.quick)]
     start = time.perf_counter()
     with progress.step("layer, rows and the machine's rates", "bench context"):
-        sweep = Sweep(toy)
+        sweep = Sweep(toy, getattr(args, "rows", None))
     points = []
     with progress.Sweep(len(contexts), "bench context") as bar:
         for context in contexts:

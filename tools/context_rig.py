@@ -36,10 +36,10 @@ def _own_frame(layer: ContextLayer, sparse: bool) -> Step:
     return namespace["step"]
 
 
-def row_steps(layer: ContextLayer, rows: tuple[str, ...] = ROWS) -> dict[str, Step]:
-    """Each row's step function (compiled lazily by its first call)."""
+def row_steps(layer: ContextLayer, rows: tuple[str, ...] | None = None) -> dict[str, Step]:
+    """Each row's step function (compiled lazily by its first call), of `rows` (default: every row)."""
     steps: dict[str, Step] = {}
-    for row in rows:
+    for row in ROWS if rows is None else rows:
         sparse = is_sparse(row)
         if row.endswith("_eager"):
             steps[row] = _own_frame(layer, sparse)

@@ -1,0 +1,110 @@
+"""`ascend-dsa bench context`: the work and floor arithmetic of a long-context step, the JSON it prints and the
+plot it draws, at toy sizes (no timing is asserted)."""
+import argparse
+import contextlib
+import io
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from npu_graph.models.cache import HybridCache
+from npu_graph.models.context_layer import ContextLayer, real_size_config, weights_bytes
+from npu_graph.tools import bench_context, context_costs, context_plot, context_rig
+from npu_graph.tools.context_costs import Rates, Work
+
+REAL = real_size_config(4096)
+PARAMS, INDEX_PARAMS = 10_000_000, 1_000_000
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_cache_row_bytes_are_what_the_cache_stores(fp8):
+    cache = HybridCache(REAL, 1, kv_dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    assert context_costs.cache_row_bytes(REAL, fp8) == cache.bytes_per_token()
+
+
+def test_fp8_cache_row_is_788_of_bf16s_1408_bytes():
+    assert sum(context_costs.cache_row_bytes(REAL, True).values()) == 512 + 16 + 128 + 128 + 4
+    assert sum(context_costs.cache_row_bytes(REAL, False).values()) == 2 * (512 + 64 + 128)
+
+
+def test_dsa_decode_reads_every_index_key_but_only_topk_latent_rows():
+    context = 131072
+    work = context_costs.step_work(REAL, PARAMS, INDEX_PARAMS, context, 1, sparse=True, fp8=False)
+    assert work["weights"] == Work(2 * PARAMS, 2 * PARAMS)
+    assert work["indexer"].bytes == 256 * (context + 1)
+    assert work["indexer"].flops == 2 * 64 * 128 * (context + 1)
+    assert work["attention"].bytes == 2048 * (1024 + 128)
+    assert work["attention"].flops == 2048 * (2 * 128 * 576 + 2 * 128 * 512)
+
+
+def test_dense_mla_reads_every_latent_row_and_no_indexer_weights():
+    work = context_costs.step_work(REAL, PARAMS, INDEX_PARAMS, 4095, 1, sparse=False, fp8=False)
+    assert set(work) == {"weights", "attention"}
+    assert work["weights"].bytes == 2 * (PARAMS - INDEX_PARAMS)
+    assert work["attention"].bytes == 4096 * (1024 + 128)
+
+
+def test_verify_step_shares_the_rows_its_queries_read():
+    one = context_costs.step_work(REAL, PARAMS, INDEX_PARAMS, 100, 1, sparse=True, fp8=False)
+    four = context_costs.step_work(REAL, PARAMS, INDEX_PARAMS, 100, 4, sparse=True, fp8=False)
+    assert four["weights"].bytes == one["weights"].bytes and four["weights"].flops == 4 * one["weights"].flops
+    assert four["attention"].bytes == 104 * (1024 + 128)     # fewer keys than top-k: all of them, once
+
+
+def test_floor_is_the_larger_of_the_memory_and_compute_bounds_and_at_most_the_op_sum():
+    rates = Rates(bandwidth=10.0, gemm_rate=100.0)
+    work = {"weights": Work(100.0, 100.0), "indexer": Work(10.0, 1000.0)}
+    whole, op_sum = context_costs.floors(work, rates)
+    assert whole == max(110 / 10, 1100 / 100) == 11.0
+    assert op_sum == 10.0 + 10.0
+
+
+def test_layer_forms_share_weights_and_dense_mla_matches_dsa_when_topk_covers_the_context():
+    config = real_size_config(64, **{**bench_context.TOY_SIZES, "index_topk": 64})
+    torch.manual_seed(0)
+    layer = ContextLayer(config).eval()
+    caches = [HybridCache(config, 1, kv_dtype=torch.float32) for _ in range(2)]
+    for cache in caches:
+        cache.fill_synthetic_(40)
+    x = torch.randn(1, 1, config.hidden_size)
+    with torch.no_grad():
+        sparse, dense = layer(x, caches[0], True), layer(x, caches[1], False)
+    torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)
+    assert weights_bytes(layer) == 4 * sum(p.numel() for p in layer.parameters())
+
+
+def test_fp8_indexer_picks_mostly_what_the_bf16_one_picks():
+    config = real_size_config(512, **bench_context.TOY_SIZES)
+    torch.manual_seed(0)
+    layer = ContextLayer(config).eval().bfloat16()
+    caches = context_rig.new_caches(config, 512, 400)
+    x = torch.randn(1, 1, config.hidden_size).bfloat16()
+    overlap = context_rig.topk_overlap(layer, x, caches, 400)
+    assert 0.8 <= overlap <= 1.0
+
+
+def _toy_result(monkeypatch):
+    args = argparse.Namespace(quick=True, repeat=1, toy=True, plot=None, rows=("dense_eager", "dsa_eager"))
+    monkeypatch.setattr(bench_context, "TOY_CONTEXTS", (64, 128))
+    with contextlib.redirect_stderr(io.StringIO()):
+        return bench_context.run(args)
+
+
+def test_toy_sweep_prints_the_documented_json(monkeypatch, tmp_path):
+    result = _toy_result(monkeypatch)
+    json.dumps(result)
+    assert {"points", "peak_rss_bytes", "weights_bytes", "cache_bytes_held"} <= set(result)
+    assert [(p["row"], p["context"]) for p in result["points"]] == [
+        ("dense_eager", 64), ("dsa_eager", 64), ("dense_eager", 128), ("dsa_eager", 128)]
+    for p in result["points"]:
+        assert {"phase", "row", "context", "ms", "floor_ms", "cache_bytes", "topk_overlap"} <= set(p)
+        assert p["phase"] == "decode" and p["ms"] > 0 and p["floor_ms"] > 0 and p["topk_overlap"] is None
+        assert p["ratio_to_floor"] == pytest.approx(p["ms"] / p["floor_ms"])
+    assert result["cache_bytes_held"] == result["points"][-1]["cache_bytes"]
+    assert result["peak_rss_bytes"] >= result["weights_bytes"] + result["cache_bytes_held"]
+    path = tmp_path / "context.svg"
+    context_plot.write_plot(result, str(path))
+    text = ET.parse(path).getroot().itertext()
+    assert {"dense_eager", "dsa_eager", "floor dense"} <= set(text)
