@@ -2,10 +2,10 @@
 for dense MLA and DSA in eager, Inductor and ascend_dsa (bf16 and the FP8 policy), against the roofline floor.
 
 Decode points: one new token after 4K..128K cached ones (`--quick`: 4K, 32K, 128K); at each context every row
-is timed side by side (tools.timing), with ascend_dsa's verify steps of 2, 3 and 4 tokens (`ascend_dsa_verify<N>`,
-the step's ms). Each point carries its roofline floor (tools/context_costs.py, with the rates tools/roofline.py
-measures in the same run): `floor_ms` of the whole step, `op_floor_sum_ms` of its operations one after another,
-and `ratio_to_floor`. Chunked prefill points follow (tools/bench_context_prefill.py).
+is timed side by side (tools.timing); then ascend_dsa's verify steps of 2, 3 and 4 tokens (`ascend_dsa_verify<N>`,
+the step's ms) side by side with its one-token step (`vs_one_token`). Each point carries its roofline floor
+(tools/context_costs.py, with the rates tools/roofline.py measures in the same run): `floor_ms` of the whole
+step, `op_floor_sum_ms` of its operations one after another, and `ratio_to_floor`.
 """
 from __future__ import annotations
 
@@ -77,17 +77,20 @@ def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any
         return run
 
     verify = VERIFY_TOKENS if "ascend_dsa" in sweep.steps else ()
-    candidates = {row: call(row, 1) for row in sweep.steps}
-    candidates.update({f"ascend_dsa_verify{n}": call("ascend_dsa", n) for n in verify})
-    for run in candidates.values():      # compiles (a new context may recompile)
+    rows = {row: call(row, 1) for row in sweep.steps}
+    steps = {"ascend_dsa": rows.get("ascend_dsa"), **{f"ascend_dsa_verify{n}": call("ascend_dsa", n) for n in verify}}
+    for run in [*rows.values(), *list(steps.values())[1:]]:      # compiles (a new context may recompile)
         run()
     glue_upgrade.wait_all()
-    medians = time_side_by_side(candidates, repeat=rounds, warmup=1)
+    # Two groups, each timed side by side: a balanced order of n candidates takes n (even) or 2n (odd) rounds.
+    medians = time_side_by_side(rows, repeat=rounds, warmup=1)
     points = [point(sweep, "decode", row, context, medians[row], 1, caches) for row in sweep.steps]
     overlap = context_rig.topk_overlap(sweep.layer, inputs[1], caches, context)
     for p in points:
         if p["row"] in context_rig.FP8_ROWS:
             p["topk_overlap"] = overlap
+    if verify:
+        medians = time_side_by_side(steps, repeat=rounds, warmup=1)
     for n in verify:
         step = point(sweep, "decode", "ascend_dsa", context, medians[f"ascend_dsa_verify{n}"], n, caches)
         points.append({**step, "row": f"ascend_dsa_verify{n}",
@@ -128,7 +131,8 @@ def notes(result: dict[str, Any]) -> list[str]:
     rates = result["rates"]
     return [f"roofline: read {rates['read_bytes_per_s'] / 1e9:.1f} GB/s, GEMM "
             f"{max(v for k, v in rates.items() if k.startswith('gemm')) / 1e9:.0f} GFLOP/s (measured in this run)",
-            "ms: median of rounds alternating every row of a context (tools.timing); verify<N>: ms of the N-token step",
+            "ms: median of rounds alternating every row of a context (tools.timing); verify<N>: ms of the N-token "
+            "step, vs_one_token: against ascend_dsa's one-token step timed in the same rounds",
             "peak_rss_bytes: this process's peak over the whole sweep (every row's compiled graphs and both caches)"]
 
 
