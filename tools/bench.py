@@ -92,6 +92,8 @@ def run_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module(SUITES[args.suite])
     result = {"isa": cpu_isa.active(), **module.run(args)}
     result["machine"] = machine_info()
+    if getattr(args, "plot", None) and hasattr(module, "write_plot"):     # a suite that draws its figures
+        module.write_plot(result, args.plot)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     elif hasattr(module, "print_text"):     # a suite with too many columns for a table prints its own lines

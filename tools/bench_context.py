@@ -20,6 +20,7 @@ from npu_graph.models.context_layer import REAL_SIZES, ContextLayer, real_size_c
 from npu_graph.observe import progress
 from npu_graph.runtime import glue_upgrade
 from npu_graph.tools import context_costs, context_rig, roofline
+from npu_graph.tools.context_plot import write_plot  # noqa: F401  (`--plot`: tools.bench calls it)
 from npu_graph.tools.timing import time_side_by_side
 
 CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768, 131072)}
@@ -120,10 +121,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "rates": sweep.rate_figures, "sizes": TOY_SIZES if toy else REAL_SIZES,
               "seconds": time.perf_counter() - start}
     result["notes"] = notes(result)
-    if getattr(args, "plot", None):
-        from npu_graph.tools.context_plot import write_plot
-
-        write_plot(result, args.plot)
     return result
 
 
