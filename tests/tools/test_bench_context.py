@@ -1,6 +1,5 @@
 """`ascend-dsa bench context`: the work and floor arithmetic of a long-context step, the JSON it prints and the
 plot it draws, at toy sizes (no timing is asserted)."""
-import argparse
 import contextlib
 import io
 import json
@@ -11,7 +10,7 @@ import torch
 
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.context_layer import ContextLayer, real_size_config, weights_bytes
-from npu_graph.tools import bench_context, context_costs, context_plot, context_rig
+from npu_graph.tools import bench_context, cli, context_costs, context_rig
 from npu_graph.tools.context_costs import Rates, Work
 
 REAL = real_size_config(4096)
@@ -85,16 +84,14 @@ def test_fp8_indexer_picks_mostly_what_the_bf16_one_picks():
     assert 0.8 <= overlap <= 1.0
 
 
-def _toy_result(monkeypatch):
-    args = argparse.Namespace(quick=True, repeat=1, toy=True, plot=None, rows=("dense_eager", "dsa_eager"))
+def test_toy_sweep_prints_the_documented_json_and_draws_the_plot(monkeypatch, tmp_path):
+    monkeypatch.setattr(context_rig, "ROWS", ("dense_eager", "dsa_eager"))
     monkeypatch.setattr(bench_context, "TOY_CONTEXTS", (64, 128))
-    with contextlib.redirect_stderr(io.StringIO()):
-        return bench_context.run(args)
-
-
-def test_toy_sweep_prints_the_documented_json(monkeypatch, tmp_path):
-    result = _toy_result(monkeypatch)
-    json.dumps(result)
+    path = tmp_path / "context.svg"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["bench", "context", "--toy", "--json", "--repeat", "1", "--plot", str(path)]) == 0
+    result = json.loads(out.getvalue())
     assert {"points", "peak_rss_bytes", "weights_bytes", "cache_bytes_held"} <= set(result)
     assert [(p["row"], p["context"]) for p in result["points"]] == [
         ("dense_eager", 64), ("dsa_eager", 64), ("dense_eager", 128), ("dsa_eager", 128)]
@@ -104,7 +101,6 @@ def test_toy_sweep_prints_the_documented_json(monkeypatch, tmp_path):
         assert p["ratio_to_floor"] == pytest.approx(p["ms"] / p["floor_ms"])
     assert result["cache_bytes_held"] == result["points"][-1]["cache_bytes"]
     assert result["peak_rss_bytes"] >= result["weights_bytes"] + result["cache_bytes_held"]
-    path = tmp_path / "context.svg"
-    context_plot.write_plot(result, str(path))
-    text = ET.parse(path).getroot().itertext()
-    assert {"dense_eager", "dsa_eager", "floor dense"} <= set(text)
+    text = set(ET.parse(path).getroot().itertext())
+    assert {"dense_eager", "dsa_eager", "floor dense"} <= text
+    assert any(result["machine"]["cpu"] in line for line in text)
