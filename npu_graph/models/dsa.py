@@ -46,9 +46,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     """Rotate `x` `[B, T, H, D]` by per-position angles `[B, T, D/2]`.
 
     Interleaved pairs (x0, x1), (x2, x3)... for MLA, as DeepSeek's reference; halves (x[:D/2], x[D/2:]) for the
-    indexer. The result keeps `x`'s dtype (a bf16 model rotates in bf16).
+    indexer. The angles are fp32, so a bf16 `x` is rotated in fp32 (as DeepSeek's reference does); the layers cast
+    the result back to `x`'s dtype.
     """
-    cos, sin = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
@@ -92,7 +93,7 @@ class LightningIndexer(nn.Module):
 
     def _rope_part(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_pe, x_nope = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
-        return torch.cat((apply_rope(x_pe, cos, sin, interleaved=False), x_nope), dim=-1)
+        return torch.cat((apply_rope(x_pe, cos, sin, interleaved=False).to(x.dtype), x_nope), dim=-1)
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, cache: HybridCache,
                 layer: DSALayerCache) -> torch.Tensor:
@@ -148,10 +149,10 @@ class DSAAttention(nn.Module):
         qr = self.q_norm(self.q_a(x))
         q = self.q_b(qr).view(batch, seq, self.n_heads, self.nope_dim + self.rope_dim)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        q_rope = apply_rope(q_rope, cos, sin, interleaved=True)
+        q_rope = apply_rope(q_rope, cos, sin, interleaved=True).to(x.dtype)
         latent, k_rope = self.kv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = self.kv_norm(latent)
-        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True)
+        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True).to(x.dtype)
         cache.write(layer.latent, positions, latent.unsqueeze(2), layer.latent_scale)
         cache.write(layer.k_rope, positions, k_rope)
         w_uk = self._absorbed_weights()[0]
