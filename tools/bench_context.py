@@ -26,7 +26,7 @@ from npu_graph.tools.timing import time_side_by_side
 CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768, 131072)}
 VERIFY_TOKENS = (2, 3, 4)
 DECODE_ROUNDS = {False: 6, True: 3}
-# Small sizes for tests (`--toy`): every code path of the real sweep in seconds.
+# Small sizes for tests (`--toy`, hidden): every code path of the real sweep, in a few minutes with every row compiled.
 TOY_SIZES = {"hidden_size": 256, "num_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
              "qk_rope_head_dim": 16, "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32,
              "index_rope_head_dim": 16, "index_topk": 64, "intermediate_size": 128, "block_size": 16}
@@ -36,11 +36,11 @@ TOY_CONTEXTS = (128, 512)
 class Sweep:
     """The layer, its rows' step functions and the machine's rates, shared by every point."""
 
-    def __init__(self, toy: bool, rows: tuple[str, ...] | None = None) -> None:
+    def __init__(self, toy: bool) -> None:
         torch.manual_seed(0)
         self.config = real_size_config(max(TOY_CONTEXTS), **TOY_SIZES) if toy else real_size_config(4096)
         self.layer = ContextLayer(self.config).eval().to(torch.bfloat16)
-        self.steps = context_rig.row_steps(self.layer, rows)
+        self.steps = context_rig.row_steps(self.layer)
         self.rates, self.rate_figures = roofline.measure(small=toy)
         self.weight_params = sum(p.numel() for p in self.layer.parameters() if p.dim() > 1)
         self.index_params = sum(p.numel() for p in self.layer.attn.indexer.parameters() if p.dim() > 1)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = args.repeat or DECODE_ROUNDS[bool(args.quick)]
     start = time.perf_counter()
     with progress.step("layer, rows and the machine's rates", "bench context"):
-        sweep = Sweep(toy, getattr(args, "rows", None))
+        sweep = Sweep(toy)
     points = []
     with progress.Sweep(len(contexts), "bench context") as bar:
         for context in contexts:
