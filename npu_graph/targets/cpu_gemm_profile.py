@@ -12,6 +12,17 @@ table. On the development machine (2 shared cores, AVX512-BF16, no AMX; noisy) i
 So the CPU target pre-transposes every frozen 2-D matmul weight (decode, M=1, gains up to 4x on wide weights;
 prefill is even), and keeps its dtype: fp32 -> bf16 would be faster but changes the numbers (the layout pass
 never does), and bf16 weights are already in the faster dtype.
+
+Except large bf16 weights: read through the transposed view, a one-row bf16 product streams each output's
+contiguous weight row with the CPU's bf16 dot products, and runs near the streaming bandwidth; the pre-transposed
+form reads the same bytes a third slower. At DeepSeek-V3.2's sizes (same machine, quiet, µs per call, M=1, bf16):
+
+    7168x16384 (o_proj): NT 11023 NN 15456 | 32768x1536: NT 4852 NN 7383 | 4096x7168: NT 2572 NN 4169
+    8192x512: NT 203 NN 314 | 4096x1024: NT 208 NN 308 | 576x512: NT 30 NN 28 | 1024x256: NT 32 NN 26
+    M=64 7168x2048: NT 5005 NN 5763 (fp32 at these sizes: NN as fast or faster)
+
+so a bf16 weight of BF16_KEEP_BYTES or more keeps its [N, K] form (which also leaves it out of
+fuse_sibling_matmuls' concatenated products: one NT product per weight is faster than one NN product of them all).
 """
 from __future__ import annotations
 
@@ -22,10 +33,14 @@ import torch
 
 from npu_graph.pass_api import PRE_TRANSPOSED
 
+BF16_KEEP_BYTES = 2 << 20       # past the per-core L2 of the CPUs measured: the streamed rows win
+
 
 def preferred_form(dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:
     """The CPU form of a matmul weight of `dtype` and `shape` [N, K], or None to keep it as it is."""
     if len(shape) != 2 or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if dtype is torch.bfloat16 and shape[0] * shape[1] * 2 >= BF16_KEEP_BYTES:
         return None
     return PRE_TRANSPOSED
 
