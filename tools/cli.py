@@ -35,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                        "parallelism: bytes per token, per-rank load, per-rank expert memory, one MoE layer at EP=2 "
                        "vs one process on two gloo ranks), fleet (4 ranks under torchrun, 2 simulated nodes, cold "
                        "on one shared compile cache vs one rank alone: first-output seconds, compile CPU-seconds, "
-                       "outputs equal), fusion (per fusion family: spellings drawn, fused, "
-                       "exact; the indexer and rotary fused beside Inductor at S=2048), context (one DeepSeek-V3.2-sized layer's decode cost "
-                       "from 4K to 128K tokens: dense MLA and DSA, eager, Inductor, ascend_dsa, against the "
+                       "outputs equal), fusion (per fusion family: spellings drawn, fused, exact; the indexer and "
+                       "rotary fused beside Inductor at S=2048), context (one DeepSeek-V3.2-sized layer's decode "
+                       "cost from 4K to 128K tokens: dense MLA and DSA, eager, Inductor, ascend_dsa, against the "
                        "roofline floor)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
