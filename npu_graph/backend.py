@@ -160,7 +160,7 @@ class Backend:
                                                self.config.experimental_config.keep_inference_input_mutations)
             reports = sink["reports"]
             decision, reason = found.decision, found.reason
-            if decision == "hit":  # compiled again only for the dump (README "Compile cache"): the entry runs
+            if decision == "hit":  # compiled again only for the dump (docs/cache.md): the entry runs
                 compiled = found.callable
                 if self._glue_pending(sink):         # the glue the entry holds, when a background compile gave it
                     sink["graphs"][0].finish_glue()

@@ -157,7 +157,7 @@ class CompilerConfig(_StrictGroup):
         """Raise ConfigError naming the first setting whose value is not accepted."""
         if self.mode not in MODES:
             raise ConfigError(f"torch.compile mode={self.mode!r} is not supported by ascend_dsa; use one of "
-                              f"{list(MODES)} (README 'Options': what each mode does here)")
+                              f"{list(MODES)} (docs/options.md, Modes: what each mode does here)")
         _validate_types(self)
         for path, allowed in _CHOICES.items():
             value = self.get(path)
@@ -180,7 +180,7 @@ class CompilerConfig(_StrictGroup):
         return "measured" if self.mode in AUTOTUNE_MODES else "python"
 
 
-# torch.compile's modes (torch passes `mode` to a backend other than Inductor; README "Options").
+# torch.compile's modes (torch passes `mode` to a backend other than Inductor; docs/options.md, "Modes").
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 

@@ -8,7 +8,7 @@ channels-last output when the weight's strides suggest channels-last, and a [C, 
 with the stride of its size-1 in-channel dim set to 1: the same memory, the same values. The pass gives the
 convolution that view of its weight (`as_strided`, hoisted with the parameters) and re-propagates the graph's
 fake values; the model's transpose back then yields a contiguous [B, T, C] (tiny Kimi Linear prefill of 2048
-tokens: see the README's results).
+tokens: docs/RESULTS.md, bench e2e).
 
 Targets whose description asks for it (PassContext.machine.channels_last_depthwise_conv: the CPU), inference
 graphs, static or symbolic lengths; convolutions with one output step (decode: short_depthwise_conv's) and

@@ -56,7 +56,7 @@ def _warn_once() -> None:
     _warned.set()
     warnings.warn("ascend_dsa: target='npu' but torch_npu is not installed: the NPU program was generated and "
                   "written to the dump (npu_program.py) but not executed; the CPU program runs instead. Install "
-                  "torch_npu (see README 'Running on Ascend') to run it.", NpuProgramNotExecutedWarning, stacklevel=3)
+                  "torch_npu (see docs/npu.md) to run it.", NpuProgramNotExecutedWarning, stacklevel=3)
 
 
 def _write(program: NpuProgram, dump: Any) -> str | None:

@@ -1,5 +1,5 @@
-"""The README's "Distributed" section as a user runs it: its script under its CPU torchrun commands, one host and
-two simulated nodes (the second command twice, against one rendezvous endpoint on this host)."""
+"""The torchrun guide (docs/parallelism.md, "Distributed") as a user runs it: its script under its CPU torchrun
+commands, one host and two simulated nodes (the second command twice, against one rendezvous endpoint on this host)."""
 import os
 import re
 import socket
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+GUIDE = Path(__file__).parents[1] / "docs" / "parallelism.md"
 
 
 def section() -> tuple[str, list[str]]:
     """The section's script and its CPU commands."""
-    text = README.read_text()
+    text = GUIDE.read_text()
     body = text[text.index("## Distributed (`torchrun`)"):]
     body = body[:body.index("\n## ", 1)]
     script = re.search(r"```python\n(.*?)```", body, re.S).group(1)
