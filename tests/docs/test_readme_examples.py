@@ -52,3 +52,18 @@ def test_a_generate_idiom_gives_eager_tokens(idiom, tiny_transformers, monkeypat
     namespace = {"torch": torch, "transformers": transformers, "model": model, "input_ids": input_ids}
     exec(compile(block, "README.md", "exec"), namespace)
     assert torch.equal(namespace["out"], expected)
+
+
+DEMO = 'pip install torch==2.13.0 && pip install -e . && ascend-dsa demo'
+TESTS = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q'
+
+
+def test_the_readme_is_an_entrance_with_its_two_commands_first():
+    lines = README.read_text().split("\n")
+    assert len(lines) <= 300
+    assert DEMO in lines[:60] and TESTS in lines[:60]
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    ci = (README.parent / ".ci" / "run").read_text().strip().split("\n")
+    assert ci[-1] == TESTS
