@@ -31,6 +31,7 @@ from npu_graph.cache import traces
 from npu_graph.cache.entry import Artifact
 from npu_graph.cache.key import Uncacheable
 from npu_graph.cache.manager import CompileCache, Lookup, make_artifact, with_code
+from npu_graph.cache.precompiled import PrecompiledGraph
 from npu_graph.capture import capture_and_compile, float_inputs, restart_request
 from npu_graph.compiler import CompileStepError, compile_graph
 from npu_graph.config import CompilerConfig, ConfigError, resolve_option
@@ -91,10 +92,10 @@ class Backend:
                 raise restart from None
             return self._fall_back(gm, name, exc)
         log.info("ascend_dsa: %s ready in %.1f ms", name, (time.perf_counter() - start) * 1e3)
-        compiled = eager_on_precondition_failure(name, compiled, gm.forward, self.config.strict)
+        compiled.run = eager_on_precondition_failure(name, compiled.run, gm.forward, self.config.strict)
         if self.config.verify.enabled:
             v = self.config.verify
-            return verified(name, gm.forward, compiled, v.atol, v.rtol, self.config.strict)
+            compiled.run = verified(name, gm.forward, compiled.run, v.atol, v.rtol, self.config.strict)
         return compiled
 
     def load_traced_graph(self, key: str, eager: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -129,7 +130,7 @@ class Backend:
         return get_backend(config)
 
     def _compile_or_load(self, gm: torch.fx.GraphModule, example_inputs: list[Any], name: str
-                         ) -> Callable[..., Any]:
+                         ) -> PrecompiledGraph:
         rank_free = 0
         if self.config.target == "cpu":     # ranks whose graphs differ only by their groups share one entry
             rank_free = make_rank_free(gm)
@@ -151,7 +152,7 @@ class Backend:
                 report.extra.update(found.provenance(current_compile_id()))
                 self._add_report(report)
                 log_code(name, f"loaded from cache entry {found.key[:12]}", found.source)
-                return found.callable
+                return PrecompiledGraph(found.callable, name, found.artifact)
             sink: dict[str, Any] = {}
             params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
             inputs = GraphInputs(params, float_inputs(gm))
@@ -162,20 +163,24 @@ class Backend:
             decision, reason = found.decision, found.reason
             if decision == "hit":  # compiled again only for the dump (docs/cache.md): the entry runs
                 compiled = found.callable
+                precompiled = PrecompiledGraph(compiled, name, found.artifact)
                 if self._glue_pending(sink):         # the glue the entry holds, when a background compile gave it
                     sink["graphs"][0].finish_glue()
                 dump_matches_entry(reports[0], sink["graphs"][0].source, found.source)
-            elif decision == "miss":
+            else:   # made without the cache too (disabled): the precompiled program serializes it
                 artifact, why_not = self._artifact(gm, example_inputs, sink, found.guard_count)
+                precompiled = PrecompiledGraph(compiled, name, artifact, why_not)
+            if decision == "miss":
                 decision, reason = self._store(found, example_inputs, artifact, reports, why_not or reason)
                 if decision == "miss" and not rank_free:
                     traces.record_graph(gm, found.key)
                 if decision == "miss" and self._glue_pending(sink):
                     # stored now with the Python glue, while this process holds the entry's lease, so that other
-                    # processes waiting for it load it; replaced by the glue that then runs once it lands
+                    # processes waiting for it load it; replaced by the glue that then runs once it lands, which the
+                    # precompiled program then serializes too
                     upgrade = sink["graphs"][0].glue_upgrade
-                    upgrade.on_landed.append(
-                        lambda landed: self._store_landed(found, example_inputs, artifact, landed, reports))
+                    upgrade.on_landed.append(lambda landed: self._store_landed(
+                        found, example_inputs, artifact, landed, reports, precompiled))
                     reason = f"{reason}; replaced once the background glue compile lands"
             origin = f"loaded from cache entry {found.key[:12]}" if decision == "hit" else f"compiled, cache {decision}"
             for report, graph in zip(reports, sink["graphs"]):
@@ -188,7 +193,8 @@ class Backend:
             if reports[0].dump_folder:
                 entries = reports[0].extra.get("implementations", [])
                 compiled = refreshed_after_first_call(compiled, entries, lambda: self._write_summaries(reports))
-            return compiled
+            precompiled.run = compiled
+            return precompiled
 
     @staticmethod
     def _glue_pending(sink: dict[str, Any]) -> bool:
@@ -206,9 +212,9 @@ class Backend:
         return self.cache.store(found, example_inputs, artifact, summary, reason, replace=replace), reason
 
     def _store_landed(self, found: Lookup, example_inputs: list[Any], artifact: Artifact, upgrade: GlueUpgrade,
-                      reports: list[GraphReport]) -> None:
+                      reports: list[GraphReport], precompiled: PrecompiledGraph) -> None:
         """Store again a miss whose background glue compile has landed (on the worker's thread), with the code the
-        graph runs from its next call on."""
+        graph runs from its next call on, which `precompiled` serializes from now on."""
         runtime = {**reports[0].extra.get("runtime", {}), "glue_reason": upgrade.reason}
         if (ready := upgrade.ready) is not None:
             try:
@@ -216,6 +222,7 @@ class Backend:
                 runtime["glue"] = ready["glue"]
             except Uncacheable as exc:      # the entry keeps the Python glue, which needs no more guards
                 runtime["glue_reason"] += f"; the cache entry keeps the Python glue ({exc})"
+        precompiled.artifact = artifact
         self._store(found, example_inputs, artifact, reports, "", runtime)
 
     @staticmethod

@@ -8,12 +8,14 @@ Python floats that Dynamo made graph inputs (dynamic=True: a module's `eps` beco
 `float_inputs`; a pass that needs one as a number asks Dynamo to trace again with it a constant (guarded by
 Dynamo, as every constant is: PassContext.ask_constant raises Dynamo's own restart), and `restart_request` finds
 that request under the errors that wrap it on the way out of the backend.
+AOT autograd's cache is kept off for the capture: the backend keys and stores its own compiled graphs.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch._functorch.config
 import torch.fx
 from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -31,11 +33,14 @@ def capture_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     def training(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         return compile_graph(g, inputs, False)
 
-    return aot_module_simplified(
-        gm, example_inputs,
-        fw_compiler=training, bw_compiler=training, inference_compiler=inference,
-        keep_inference_input_mutations=keep_input_mutations,
-    )
+    # AOT autograd's own cache stores Inductor's OutputCode only; torch's AOT compile (and vLLM's) force it on, and
+    # then fail on any other compiler's result. The backend's cache and precompiled artifact cover what it would.
+    with torch._functorch.config.patch(force_autograd_cache=False, bundled_autograd_cache=False):
+        return aot_module_simplified(
+            gm, example_inputs,
+            fw_compiler=training, bw_compiler=training, inference_compiler=inference,
+            keep_inference_input_mutations=keep_input_mutations,
+        )
 
 
 def float_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:

@@ -56,6 +56,7 @@ class Lookup:
     summary: dict[str, Any] = field(default_factory=dict)
     guard_count: int = 0
     source: str = ""  # a hit's generated code
+    artifact: Artifact | None = None  # a hit's artifact (what a precompiled program serializes)
 
     def provenance(self, compile_id: str | None) -> dict[str, Any]:
         """What summary.json says about where a graph came from: "source" ("cache": loaded from the entry
@@ -128,7 +129,7 @@ class CompileCache:
             return graph([*params, *args])
 
         self._record("hit")
-        return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source)
+        return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source, artifact=artifact)
 
     def load_entry(self, key: str) -> Lookup | None:
         """Entry `key` by its key alone, for a graph that Dynamo's own guards matched (a shared trace: its guards
