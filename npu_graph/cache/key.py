@@ -124,6 +124,8 @@ def canonical_value(value: Any, index: dict[torch.fx.Node, int]) -> Any:
         return ["tensor", str(value.dtype), list(value.shape), _tensor_digest(value)]
     if callable(value):
         return _callable_name(value)
+    if (constant := opaque_constant(value)) is not None:
+        return constant
     text = repr(value)
     if _ADDRESS.search(text):
         raise Uncacheable(f"graph argument {type(value).__name__} has no stable description")
@@ -172,9 +174,26 @@ def input_metadata(example_inputs: list[Any]) -> list[Any]:
             described.append(f"symint:{value.node.expr}")
         elif isinstance(value, (int, float, bool)) or value is None:
             described.append(repr(value))
+        elif (constant := opaque_constant(value)) is not None:
+            described.append(constant)
         else:
             raise Uncacheable(f"graph input of type {type(value).__name__} is not supported by the cache")
     return described
+
+
+def opaque_constant(value: Any) -> str | None:
+    """How a value-type opaque input is keyed: by its value (vLLM's layer names, `LayerName("model.layers.0.attn")`,
+    reach a graph as such inputs; Dynamo guards them by value, so each compiled graph sees one constant). None for
+    anything else."""
+    from torch._library import opaque_object
+
+    real = getattr(value, "real_obj", value)     # the fake object Dynamo's example input wraps
+    if not opaque_object.is_opaque_value_type(type(real)):
+        return None
+    text, _ = opaque_object.get_opaque_obj_repr(real)
+    if _ADDRESS.search(text):
+        raise Uncacheable(f"graph input {type(real).__name__} has no stable description")
+    return f"opaque:{opaque_object.get_opaque_type_name(type(real))}:{text}"
 
 
 def symbolic_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[Any]:

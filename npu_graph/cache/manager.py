@@ -131,10 +131,12 @@ class CompileCache:
         self._record("hit")
         return Lookup("hit", "", key, run, meta.get("summary", {}), source=artifact.source, artifact=artifact)
 
-    def load_entry(self, key: str) -> Lookup | None:
-        """Entry `key` by its key alone, for a graph that Dynamo's own guards matched (a shared trace: its guards
-        hold every size guard of the compile); None when it is missing, cannot be loaded, or reads attributes of
-        Dynamo's graph module."""
+    def load_entry(self, key: str, name: str | None = None) -> Lookup | None:
+        """Entry `key` by its key alone, without its stored shape guards, its graph named `name`: for a graph that
+        Dynamo's own guards matched (a shared trace: its guards hold every size guard of the compile), or a caller
+        that keeps its own record of which entry serves which shapes (vLLM's compile cache). None when it is
+        missing, cannot be loaded (then it is quarantined, as on a lookup), or reads attributes of Dynamo's graph
+        module."""
         if self.disk is None or self.disk.refused:
             return None
         loaded = self.disk.load(key)
@@ -142,12 +144,13 @@ class CompileCache:
             return None
         artifact, meta = loaded
         try:
-            graph = artifact.load(f"cached_{key[:12]}")
+            graph = artifact.load(name or f"cached_{key[:12]}")
         except Exception as exc:
             self.disk.reject(key, f"it cannot be loaded ({type(exc).__name__}: {exc})")
             return None
         self._record("hit")
-        return Lookup("hit", "", key, lambda *args: graph(list(args)), meta.get("summary", {}), source=artifact.source)
+        return Lookup("hit", "", key, lambda *args: graph(list(args)), meta.get("summary", {}), source=artifact.source,
+                      artifact=artifact)
 
     def store(self, lookup: Lookup, example_inputs: list[Any], artifact: Artifact | None, summary: dict[str, Any],
               reason: str, replace: bool = False) -> str:

@@ -31,16 +31,21 @@ class NotSerializable(RuntimeError):
 class PrecompiledGraph(SerializableCallable):
     """A compiled graph callable as Dynamo calls a backend's result (`fn(*args)`), serializable through torch's
     precompile path. `artifact` is None when the graph cannot be stored (`reason` says why): it still runs, and
-    saving it raises NotSerializable with that reason."""
+    saving it raises NotSerializable with that reason. `key` names the compile-cache entry holding the graph."""
 
-    def __init__(self, run: Callable[..., Any], name: str, artifact: Artifact | None, reason: str = ""):
+    def __init__(self, run: Callable[..., Any], name: str, artifact: Artifact | None, reason: str = "",
+                 key: str | None = None):
         self.run = run
         self.name = name
         self.artifact = artifact
         self.reason = reason
+        self.key = key      # the compile-cache entry that holds the graph, when it was stored
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
+
+    def finalize_loading(self, *_: Any) -> None:
+        """What vLLM calls on a loaded program before running it: the graph is complete once deserialized."""
 
     def __repr__(self) -> str:
         return f"PrecompiledGraph({self.name!r}, serializable={self.artifact is not None})"
