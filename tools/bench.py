@@ -31,6 +31,7 @@ SUITES = {
     "fleet": "npu_graph.tools.bench_fleet",
     "fusion": "npu_graph.tools.bench_fusion",
     "context": "npu_graph.tools.bench_context",
+    "serve": "npu_graph.tools.bench_serve",
 }
 
 

@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
                        "outputs equal), fusion (per fusion family: spellings drawn, fused, exact; the indexer and "
                        "rotary fused beside Inductor at S=2048), context (one DeepSeek-V3.2-sized layer's decode "
                        "cost from 4K to 128K tokens: dense MLA and DSA, eager, Inductor, ascend_dsa, against the "
-                       "roofline floor)")
+                       "roofline floor), serve (vLLM's default compile vs ascend_dsa as its compile backend; in the "
+                       "environment tools/vllm_env.sh builds)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--repeat", type=positive_int, default=None, help="timed rounds per case")
     bench.add_argument("--spellings", type=positive_int, default=12,
