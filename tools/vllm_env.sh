@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the vLLM serving environment in DIR and runs the vLLM tests there.
 #
-#   tools/vllm_env.sh DIR          build (or update) DIR, then run tests/vllm in it
+#   tools/vllm_env.sh DIR          build (or update) DIR, then run tests/vllm_serving in it
 #   tools/vllm_env.sh DIR --no-tests
 #
 # DIR is a virtual environment that sees this interpreter's packages (torch 2.13.0+cpu must already be installed
@@ -52,5 +52,5 @@ EOF
 "$DIR/bin/python" -c "import torch, vllm, npu_graph.vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 if [[ $RUN_TESTS == 1 ]]; then
     cd "$ROOT"
-    "$DIR/bin/python" -m pytest -q -m "" tests/vllm
+    "$DIR/bin/python" -m pytest -q -m "" tests/vllm_serving
 fi
