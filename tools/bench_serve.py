@@ -1,13 +1,14 @@
 """`ascend-dsa bench serve`: vLLM serving tiny Llama, Qwen3 and Qwen3-MoE checkpoints, vLLM's default compile vs
 ascend_dsa as its compile backend (run in the vLLM environment that tools/vllm_env.sh builds).
 
-For each family a random-weight checkpoint is built from its config in a temporary folder (no downloads), and
-fresh `vllm.LLM` processes (npu_graph.vllm.serve_run), one after the other, serve 16 prompts x 64 greedy new
-tokens: vLLM eager (the reference tokens), vLLM's default compile, ascend_dsa on empty caches (cold), and
-ascend_dsa again on the caches it left (warm). Each process has its own VLLM_CACHE_ROOT per backend, so vLLM's
-default compile never reads ours. Row fields: tokens_equal (both ascend_dsa runs gave eager's tokens),
+For each family a random-weight checkpoint is built from its config in a temporary folder (no downloads), and fresh
+`vllm.LLM` processes (npu_graph.vllm.serve_run), one after the other, serve 16 prompts x 64 greedy new tokens (timed
+3 times, the best round kept): vLLM eager (the reference tokens), vLLM's default compile, ascend_dsa on empty caches
+(cold), and ascend_dsa again on the caches it left (warm). Each process has its own VLLM_CACHE_ROOT per backend, so
+vLLM's default compile never reads ours. Row fields: tokens_equal (both ascend_dsa runs gave eager's tokens),
 backend_graphs (graphs our backend compiled cold), throughput_ratio (ours warm / vLLM default, new tokens per
-second), ttft ratio likewise, warm_compile_ratio (vLLM's torch.compile time warm / cold with ascend_dsa).
+second), ttft ratio likewise, warm_compile_ratio (vLLM's torch.compile time warm / cold with ascend_dsa). vLLM's
+default compile on CPU is whole-graph Inductor, which vLLM does not time (its default_compile_s reads 0).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from npu_graph.observe import progress
 
-PROMPTS, NEW_TOKENS = 16, 64
+PROMPTS, NEW_TOKENS, ROUNDS = 16, 64, 3
 
 
 def serve_in_child(spec: dict[str, Any], cache_root: str) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def measure_family(family: str, folder: str) -> dict[str, Any]:
     from npu_graph.vllm.checkpoints import build_checkpoint
 
     checkpoint = build_checkpoint(family, os.path.join(folder, family))
-    spec = {"folder": checkpoint, "prompts": PROMPTS, "new_tokens": NEW_TOKENS}
+    spec = {"folder": checkpoint, "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "rounds": ROUNDS}
     ours, theirs = os.path.join(folder, f"{family}-ascend_dsa"), os.path.join(folder, f"{family}-default")
     runs = {"eager": serve_in_child({**spec, "mode": "eager"}, theirs),
             "default": serve_in_child({**spec, "mode": "default"}, theirs),
