@@ -67,8 +67,8 @@ def test_a_cache_entry_loads_by_its_key_without_tracing(tmp_path):
     assert isinstance(compiled, PrecompiledGraph) and compiled.key
     fresh = Backend(CompilerConfig.from_options({"cache_dir": str(tmp_path)}))
     loaded = fresh.cache.load_entry(compiled.key, compiled.name)
-    assert loaded is not None and loaded.key == compiled.key
-    torch.testing.assert_close(loaded(x)[0], (torch.relu(x) * 2.0).softmax(-1))
+    assert loaded is not None and loaded.key == compiled.key and loaded.artifact is not None
+    torch.testing.assert_close(loaded.callable(x)[0], (torch.relu(x) * 2.0).softmax(-1))
     assert fresh.cache.load_entry("0" * 64, "graph_9") is None
 
 
