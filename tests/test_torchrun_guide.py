@@ -2,12 +2,12 @@
 commands, one host and two simulated nodes (the second command twice, against one rendezvous endpoint on this host)."""
 import os
 import re
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from npu_graph.parallel.torchrun_copies import free_port, run_copies
 
 GUIDE = Path(__file__).parents[1] / "docs" / "parallelism.md"
 
@@ -22,28 +22,15 @@ def section() -> tuple[str, list[str]]:
     return script, commands
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_command(tmp_path: Path, command: str, copies: int) -> list[str]:
     """`command` (torchrun as `python -m torch.distributed.run`, HOST0:29400 a free local port) started `copies`
     times at once in tmp_path; the lines the ranks printed."""
-    words = command.replace("HOST0:29400", f"127.0.0.1:{_free_port()}").split()
+    words = command.replace("HOST0:29400", f"127.0.0.1:{free_port()}").split()
     assert words[0] == "torchrun"
     argv = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
     env = dict(os.environ, ASCEND_DSA_CACHE_DIR=str(tmp_path / "cache"))
     logs = [tmp_path / f"node{i}.log" for i in range(copies)]
-    procs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-             for log in logs]
-    try:
-        codes = [p.wait(timeout=900) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    codes = run_copies(argv, logs, env, 900, cwd=tmp_path)
     output = "".join(log.read_text() for log in logs)
     assert codes == [0] * copies, output[-3000:]
     return re.findall(r"rank \d+: logits \(1, 24, \d+\)", output)

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,16 +28,11 @@ from typing import Any
 import torch
 
 from npu_graph.observe import progress
+from npu_graph.parallel.torchrun_copies import free_port, run_copies
 from npu_graph.tools import fleet_rank
 
 NODES, PER_NODE = 2, 2
 TIMEOUT_S = 1800
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _environment(root: Path, name: str, cold: bool) -> dict[str, str]:
@@ -52,13 +45,8 @@ def _environment(root: Path, name: str, cold: bool) -> dict[str, str]:
     return env
 
 
-def _wait(procs: list[subprocess.Popen], logs: list[Path], what: str) -> None:
-    try:
-        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+def _run(command: list[str], logs: list[Path], env: dict[str, str], what: str) -> None:
+    codes = run_copies(command, logs, env, TIMEOUT_S)
     if any(codes):
         tail = "\n".join(log.read_text()[-1500:] for log in logs)
         raise RuntimeError(f"bench fleet: the {what} failed (exit codes {codes}):\n{tail}")
@@ -67,27 +55,19 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], what: str) -> None:
 def _single(root: Path, name: str, prompts: int, cold: bool = False) -> None:
     out = root / name
     out.mkdir(parents=True)
-    log = out / "log"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                fleet_rank.__file__, str(out), str(prompts)]
-    with log.open("w") as f:
-        proc = subprocess.Popen(command, env=_environment(root, name, cold), stdout=f, stderr=subprocess.STDOUT)
-    _wait([proc], [log], f"{name} process")
+    _run(command, [out / "log"], _environment(root, name, cold), f"{name} process")
 
 
 def _fleet(root: Path, cold: bool) -> None:
     out = root / "fleet"
     out.mkdir(parents=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node",
-               str(PER_NODE), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+               str(PER_NODE), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                "--rdzv-id", "ascend-dsa-bench-fleet", "--max-restarts", "0", fleet_rank.__file__, str(out), "1"]
     logs = [out / f"node{node}.log" for node in range(NODES)]
-    procs = []
-    for log in logs:
-        with log.open("w") as f:
-            procs.append(subprocess.Popen(command, env=_environment(root, "fleet", cold), stdout=f,
-                                          stderr=subprocess.STDOUT))
-    _wait(procs, logs, "torchrun fleet")
+    _run(command, logs, _environment(root, "fleet", cold), "torchrun fleet")
 
 
 def _read(folder: Path, name: str) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:

@@ -7,8 +7,6 @@ process's (relative max difference <= 1e-5), and the expert-parallel graphs are 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,14 +15,10 @@ import pytest
 import torch
 import torchrun_script
 
+from npu_graph.parallel.torchrun_copies import free_port, run_copies
+
 SCRIPT = Path(__file__).with_name("torchrun_script.py")
 TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(tmp_path: Path, workloads: str, nodes: int, nproc: int) -> list[dict]:
@@ -32,19 +26,13 @@ def torchrun(tmp_path: Path, workloads: str, nodes: int, nproc: int) -> list[dic
     out = tmp_path / "out"
     out.mkdir()
     where = ["--standalone"] if nodes == 1 else [
-        "--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+        "--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
         "--rdzv-id", "ascend-dsa-test"]
     command = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(nproc),
                "--max-restarts", "0", str(SCRIPT), str(out), workloads]
     env = dict(os.environ, ASCEND_DSA_CACHE_DIR=str(tmp_path / "cache"))
     logs = [tmp_path / f"node{node}.log" for node in range(nodes)]
-    procs = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
-    try:
-        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    codes = run_copies(command, logs, env, TIMEOUT_S)
     assert codes == [0] * nodes, "\n".join(log.read_text()[-3000:] for log in logs)
     return [torch.load(out / f"rank{rank}.pt") for rank in range(nodes * nproc)]
 
