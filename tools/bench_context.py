@@ -10,16 +10,15 @@ step, `op_floor_sum_ms` of its operations one after another, and `ratio_to_floor
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from typing import Any
 
 import torch
 
-from npu_graph.models.context_layer import REAL_SIZES, ContextLayer, real_size_config, weights_bytes
+from npu_graph.models.context_layer import REAL_SIZES, bf16_context_layer, real_size_config, weights_bytes
 from npu_graph.observe import progress
 from npu_graph.runtime import glue_upgrade
-from npu_graph.tools import context_costs, context_rig, roofline
+from npu_graph.tools import context_costs, context_memory, context_rig, roofline
 from npu_graph.tools.context_plot import write_plot  # noqa: F401  (`--plot`: tools.bench calls it)
 from npu_graph.tools.timing import time_side_by_side
 
@@ -39,7 +38,7 @@ class Sweep:
     def __init__(self, toy: bool) -> None:
         torch.manual_seed(0)
         self.config = real_size_config(max(TOY_CONTEXTS), **TOY_SIZES) if toy else real_size_config(4096)
-        self.layer = ContextLayer(self.config).eval().to(torch.bfloat16)
+        self.layer = bf16_context_layer(self.config)
         self.steps = context_rig.row_steps(self.layer)
         self.rates, self.rate_figures = roofline.measure(small=toy)
         self.weight_params = sum(p.numel() for p in self.layer.parameters() if p.dim() > 1)
@@ -114,8 +113,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 points += decode_points(sweep, context, rounds)
     at_largest = [p for p in points if p["context"] == max(contexts) and p["tokens"] == 1]
     held = {p["row"] in context_rig.FP8_ROWS: p["cache_bytes"] for p in at_largest}
+    with progress.step(f"memory of the ascend_dsa rows at {max(contexts)}", "bench context"):
+        memory = context_memory.measure_in_new_process(max(contexts), TOY_SIZES if toy else {})
     result = {"suite": "context", "points": points,
-              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "peak_rss_bytes": memory["peak_rss_bytes"], "memory": memory,
+              "sweep_peak_rss_bytes": context_memory.peak_resident_bytes(),
               "weights_bytes": weights_bytes(sweep.layer),
               "cache_bytes_held": sum(held.values()),      # the bf16 and FP8 caches, both held at once
               "rates": sweep.rate_figures, "sizes": TOY_SIZES if toy else REAL_SIZES,
@@ -130,7 +132,9 @@ def notes(result: dict[str, Any]) -> list[str]:
             f"{max(v for k, v in rates.items() if k.startswith('gemm')) / 1e9:.0f} GFLOP/s (measured in this run)",
             "ms: median of rounds alternating every row of a context (tools.timing); verify<N>: ms of the N-token "
             "step, vs_one_token: against ascend_dsa's one-token step timed in the same rounds",
-            "peak_rss_bytes: this process's peak over the whole sweep (every row's compiled graphs and both caches)"]
+            "peak_rss_bytes: the peak resident set above the runtime's own of a process decoding with the ascend_dsa "
+            "rows at the largest context (tools/context_memory.py); sweep_peak_rss_bytes: this process's peak over the "
+            "whole sweep (every row's compiled graphs and working buffers)"]
 
 
 def print_text(result: dict[str, Any]) -> None:
@@ -151,6 +155,8 @@ def print_text(result: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(f"weights {result['weights_bytes'] / 2**20:.0f} MiB, caches held at the largest context "
-                  f"{result['cache_bytes_held'] / 2**20:.0f} MiB, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
+                  f"{result['cache_bytes_held'] / 2**20:.0f} MiB, peak RSS of the ascend_dsa rows above the runtime's "
+                  f"{result['peak_rss_bytes'] / 2**20:.0f} MiB "
+                  f"(whole sweep {result['sweep_peak_rss_bytes'] / 2**20:.0f} MiB)")
     for note in result["notes"]:
         console.print(f"- {note}")

@@ -34,6 +34,7 @@ from npu_graph.models.kda_slots import KDALayerCache
 FP8 = torch.float8_e4m3fn
 KV_TILE = 128
 MX_GROUP = 32
+SYNTHETIC_CHUNK = 1024    # tokens of synthetic cache rows made at a time: bounds their fp32 working memory
 
 if TYPE_CHECKING:
     from npu_graph.models.config import HybridConfig
@@ -153,13 +154,15 @@ class HybridCache:
         small.
         """
         generator = torch.Generator().manual_seed(seed)
-        positions = torch.arange(length).expand(self.batch_size, length)
         for layer in self.layers:
             if isinstance(layer, DSALayerCache):
                 for paged, scale in ((layer.latent, layer.latent_scale), (layer.k_rope, None),
                                      (layer.index_k, layer.index_k_scale)):
-                    rows = torch.randn(self.batch_size, length, 1, paged.shape[-1], generator=generator)
-                    self.write(paged, positions, rows, scale)
+                    for start in range(0, length, SYNTHETIC_CHUNK):     # fp32 rows of a chunk at a time
+                        stop = min(start + SYNTHETIC_CHUNK, length)
+                        positions = torch.arange(start, stop).expand(self.batch_size, stop - start)
+                        rows = torch.randn(self.batch_size, stop - start, 1, paged.shape[-1], generator=generator)
+                        self.write(paged, positions, rows, scale)
             else:
                 layer.state.copy_(0.1 * torch.randn(layer.state.shape, generator=generator))
                 layer.conv_state.copy_(torch.randn(layer.conv_state.shape, generator=generator))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from npu_graph.models.cache import HybridCache
-from npu_graph.models.context_layer import ContextLayer, real_size_config, weights_bytes
+from npu_graph.models.context_layer import ContextLayer, bf16_context_layer, real_size_config, weights_bytes
 from npu_graph.tools import bench_context, cli, context_costs, context_rig
 from npu_graph.tools.context_costs import Rates, Work
 
@@ -84,6 +84,12 @@ def test_fp8_indexer_picks_mostly_what_the_bf16_one_picks():
     assert 0.8 <= overlap <= 1.0
 
 
+def test_the_bf16_layer_is_made_in_bf16():
+    layer = bf16_context_layer(real_size_config(64, **bench_context.TOY_SIZES))
+    assert {t.dtype for t in [*layer.parameters(), *layer.buffers()] if t.is_floating_point()} == {torch.bfloat16}
+    assert torch.get_default_dtype() == torch.float32
+
+
 def test_toy_sweep_prints_the_documented_json_and_draws_the_plot(monkeypatch, tmp_path):
     monkeypatch.setattr(context_rig, "ROWS", ("dense_eager", "dsa_eager"))
     monkeypatch.setattr(bench_context, "TOY_CONTEXTS", (64, 128))
@@ -100,7 +106,10 @@ def test_toy_sweep_prints_the_documented_json_and_draws_the_plot(monkeypatch, tm
         assert p["phase"] == "decode" and p["ms"] > 0 and p["floor_ms"] > 0 and p["topk_overlap"] is None
         assert p["ratio_to_floor"] == pytest.approx(p["ms"] / p["floor_ms"])
     assert result["cache_bytes_held"] == result["points"][-1]["cache_bytes"]
-    assert result["peak_rss_bytes"] >= result["weights_bytes"] + result["cache_bytes_held"]
+    memory = result["memory"]       # the compiled ascend_dsa rows in a process of their own
+    assert memory["recompiles_at_context"] == 0
+    assert result["peak_rss_bytes"] == memory["peak_rss_bytes"] >= memory["weights_bytes"] + memory["cache_bytes_held"]
+    assert result["sweep_peak_rss_bytes"] > result["weights_bytes"]
     text = set(ET.parse(path).getroot().itertext())
     assert {"dense_eager", "dsa_eager", "floor dense"} <= text
     assert any(result["machine"]["cpu"] in line for line in text)
