@@ -18,11 +18,13 @@ whether it overflows can differ from the definition's single rounding of the fp3
 
 The CPU implementation does the arithmetic of the unfused form in the same order, one rounding per
 multiplication and one per addition in input's dtype, so its result equals eager
-`x1·cos − x2·sin, x2·cos + x1·sin` bit for bit. A few rows (decode): gather the pair members swapped (one
-index_select with a cached order), multiply by r2 with the first member's sign flipped (−a·s == a·(−s)
-exactly), add input · r1; for fp32 rows the native kernel kernels/native/rotary_mul.c does the same
-arithmetic in one pass (~25 -> ~8 us a call at decode). More rows: both halves of the pairs computed into views
-of the output.
+`x1·cos − x2·sin, x2·cos + x1·sin` bit for bit. fp32 and bf16 calls take the native kernel
+kernels/native/rotary_mul.c (one pass over input, a vector at a time where the last dim is contiguous, rows split
+over threads for large calls), where kernels/native/dispatch.py measured it faster; at S=2048, 16 heads × 64 it
+takes a few milliseconds where the torch path's products, sums and copies took ~48. The torch path (fp16, no C
+compiler, or measured faster): a few rows (decode), gather the pair members swapped (one index_select with a
+cached order), multiply by r2 with the first member's sign flipped (−a·s == a·(−s) exactly), add input · r1;
+more rows, both halves of the pairs computed into views of the output.
 """
 import ctypes
 import functools
@@ -52,6 +54,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # the gather along the last dim is the slower (measured 11.5 vs 29 us at 16x64, 114 vs 59 us at 64x16x64).
 FEW_ELEMS = 1 << 12
 NATIVE_SOURCE = "rotary_mul"
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @once_per_signature
@@ -85,23 +88,25 @@ def _swap(d: int, rotary_mode: str, dtype: torch.dtype, device: torch.device) ->
 
 @functools.cache
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
-    return native_prototypes.typed(lib, NATIVE_SOURCE, "ro_rows")
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "ro_apply")
+
+
+def _native_takes(input: Tensor, r1: Tensor, r2: Tensor) -> bool:
+    """Whether the native kernel applies: fp32 or bf16 CPU tensors (all three share input's dtype) and a library."""
+    return input.dtype in NATIVE_DTYPES and all(t.is_cpu for t in (input, r1, r2)) and bool(native.load(NATIVE_SOURCE))
 
 
 def _native_plan(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Callable[..., Tensor] | None:
-    """The native kernel for calls of this signature (a few fp32 CPU rows, module docstring), its sizes and strides
-    as ctypes arrays made once, or None where it does not apply."""
-    if any(t.dtype != torch.float32 or not t.is_cpu for t in (input, r1, r2)):
-        return None
-    loaded = native.load(NATIVE_SOURCE)
-    if not loaded:
+    """The native kernel for calls of this signature, its sizes and strides as ctypes arrays made once, or None
+    where it does not apply."""
+    if not _native_takes(input, r1, r2):
         return None
     dims = ctypes.c_int64 * 4
     out_strides = torch.empty_like(input).stride()      # empty_like's layout follows input's strides
     shape_args = (dims(*input.shape), dims(*input.stride()),
                   *(dims(*(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))) for t in (r1, r2)),
-                  dims(*out_strides), MODES.index(rotary_mode))
-    fn = _typed(loaded.lib)
+                  dims(*out_strides), MODES.index(rotary_mode), native.DTYPE_CODES[input.dtype])
+    fn = _typed(native.load(NATIVE_SOURCE).lib)
 
     def plan(input: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
         out = torch.empty_like(input)
@@ -171,17 +176,16 @@ def _first_call(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str, signatu
 
 
 def native_class(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> tuple | None:
-    """The shape class kernels/native/dispatch.py measures for a call the native kernel takes (a few fp32 CPU rows),
-    else None."""
-    few_fp32 = input.numel() <= FEW_ELEMS and all(t.dtype == torch.float32 and t.is_cpu for t in (input, r1, r2))
-    if not few_fp32 or not native.load(NATIVE_SOURCE):
+    """The shape class kernels/native/dispatch.py measures for a call the native kernel takes (fp32 or bf16 on the
+    CPU), else None."""
+    if not _native_takes(input, r1, r2):
         return None
-    return dispatch.shape_class(*input.shape, *(n == 1 for n in r1.shape), rotary_mode)
+    return dispatch.shape_class(input.dtype, *input.shape, *(n == 1 for n in r1.shape), input.stride(-1) == 1,
+                                rotary_mode)
 
 
 def _rotary_mul_cpu(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str) -> Tensor:
-    native_plan = _native_plan(input, r1, r2, rotary_mode) if input.numel() <= FEW_ELEMS else None
-    return (native_plan or _torch_plan(input, rotary_mode))(input, r1, r2)
+    return (_native_plan(input, r1, r2, rotary_mode) or _torch_plan(input, rotary_mode))(input, r1, r2)
 
 
 @rotary_mul.register_fake

@@ -122,5 +122,5 @@ def test_several_libraries_load_side_by_side(folder):
     """Each library is loaded from its own verified descriptor, never confused with another one."""
     loaded = {name: native.load(name) for name in ("rms_norm", "attn_res", "rotary_mul", "causal_lengths")}
     assert all(loaded.values())
-    assert loaded["rms_norm"].lib.rn_rows and loaded["attn_res"].lib.ar_rows and loaded["rotary_mul"].lib.ro_rows
+    assert loaded["rms_norm"].lib.rn_rows and loaded["attn_res"].lib.ar_rows and loaded["rotary_mul"].lib.ro_apply
     assert loaded["causal_lengths"].lib.cl_lengths

@@ -7,7 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_paths import LEVELS, require_built
 
+from npu_graph.kernels.native import cpu_isa
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.rowwise import rotary_mul as rotary_module
 from npu_graph.kernels.rowwise.rotary_mul import reference_rotary_mul
@@ -16,8 +18,7 @@ OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MODES = ["half", "interleave"]
 TOL = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (2 ** -7, 1e-2), torch.float16: (2 ** -10, 1e-3)}
-PATHS = {"few_rows": 1 << 30, "halves": 0}
-
+TORCH_PATHS = {"torch_few_rows": 1 << 30, "torch_halves": 0}
 
 def angles(shape, g):
     """(cos, sin) of random angles, each [..., D/2]."""
@@ -39,13 +40,17 @@ def unfused(x, cos, sin, mode):
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-@pytest.fixture(params=[*PATHS, "few_rows_torch"])
+@pytest.fixture(params=[*TORCH_PATHS, *(f"native-{level}" for level in LEVELS)])
 def path(request, monkeypatch):
-    """The blocked path, the few-rows path (native kernel for fp32 where it is built), and the few-rows path
-    with the native kernel switched off."""
-    if request.param == "few_rows_torch":
+    """The torch path's few-rows and blocked forms (native kernels off), and the native kernel at each
+    instruction-set level (forced on: fp16 keeps the torch path)."""
+    if request.param in TORCH_PATHS:
         monkeypatch.setenv(native.ENV_SWITCH, "0")
-    monkeypatch.setattr(rotary_module, "FEW_ELEMS", PATHS.get(request.param, 1 << 30))
+        monkeypatch.setattr(rotary_module, "FEW_ELEMS", TORCH_PATHS[request.param])
+        return request.param
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    monkeypatch.setenv(cpu_isa.ENV_ISA, request.param.removeprefix("native-"))
+    require_built(rotary_module.NATIVE_SOURCE)
     return request.param
 
 
@@ -127,15 +132,24 @@ def test_compiles_with_fake_shapes():
     assert torch.equal(fn(x, r1, r2), OPS.rotary_mul(x, r1, r2, rotary_mode="interleave"))
 
 
-def test_few_fp32_rows_take_the_native_kernel_bit_for_bit(isa_level):
-    """Decode-sized fp32 rows (a transposed layout, angles broadcast over heads) go to the native kernel, whose
-    result equals the unfused form's."""
-    loaded, why = native.available(rotary_module.NATIVE_SOURCE)
-    if not loaded:
-        pytest.skip(f"native kernel not available: {why}")
+NATIVE_CASES = [  # (x shape, angle shape, x's dim order): decode rows, a prefill with angles over heads, a tail
+    ((1, 8, 1, 64), (1, 1, 1, 32), (0, 2, 1, 3)),      # past whole vectors, a transposed layout
+    ((1, 512, 16, 64), (1, 512, 1, 32), (0, 1, 2, 3)),
+    ((2, 3, 40, 36), (2, 3, 1, 18), (0, 2, 1, 3)),
+    ((3, 5, 2, 2), (3, 5, 2, 1), (0, 1, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "angle_shape", "order"), NATIVE_CASES)
+def test_native_kernel_equals_unfused_form_bit_for_bit(isa_level, dtype, shape, angle_shape, order):
+    """fp32 and bf16 calls of any size and layout go to the native kernel (vector rows, their tails, split over
+    threads for a prefill), whose result equals the unfused form's; a slice of the last dim takes the value by
+    value rows."""
+    require_built(rotary_module.NATIVE_SOURCE)
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(1, 8, 1, 64, generator=g).transpose(1, 2)
-    cos, sin = angles((1, 1, 1, 32), g)
+    x = torch.randn([shape[i] for i in order], generator=g).to(dtype).permute(order)
+    cos, sin = (a.to(dtype) for a in angles(angle_shape, g))
     for mode in MODES:
         r1, r2 = full_dim(cos, mode), full_dim(sin, mode)
         plan = rotary_module._native_plan(x, r1, r2, mode)
@@ -143,3 +157,14 @@ def test_few_fp32_rows_take_the_native_kernel_bit_for_bit(isa_level):
         got = plan(x, r1, r2)
         assert got.stride() == torch.empty_like(x).stride()
         assert torch.equal(got, unfused(x, cos, sin, mode))
+        wide = torch.cat((x, x), -1)[..., ::2]
+        strided = rotary_module._native_plan(wide, r1, r2, mode)(wide, r1, r2)
+        assert torch.equal(strided, unfused(wide, cos, sin, mode))
+
+
+def test_native_kernel_takes_fp32_and_bf16_only():
+    x = torch.randn(1, 4, 2, 8)
+    ones = torch.ones(1, 4, 1, 8)
+    assert rotary_module._native_plan(x.half(), ones.half(), ones.half(), "half") is None
+    if native.available(rotary_module.NATIVE_SOURCE)[0]:
+        assert rotary_module._native_plan(x.bfloat16(), ones.bfloat16(), ones.bfloat16(), "half") is not None
