@@ -6,6 +6,11 @@ is timed side by side (tools.timing); then ascend_dsa's verify steps of 2, 3 and
 the step's ms) side by side with its one-token step (`vs_one_token`). Each point carries its roofline floor
 (tools/context_costs.py, with the rates tools/roofline.py measures in the same run): `floor_ms` of the whole
 step, `op_floor_sum_ms` of its operations one after another, and `ratio_to_floor`.
+
+Prefill points ("phase": "prefill", tools/context_prefill.py): every row prefilling 4K, 8K and 16K tokens
+(`--quick`: 4K) in chunks of 1K, with the process's peak memory during each prefill. KDA points (rows `kda` and
+`kda_cp2`, tools/context_kda.py): the KDA core of a Kimi Linear layer prefilling 16K..1M tokens (`--quick`: 128K)
+in one process and split over two ranks, each its own process.
 """
 from __future__ import annotations
 
@@ -18,13 +23,14 @@ import torch
 from npu_graph.models.context_layer import REAL_SIZES, bf16_context_layer, real_size_config, weights_bytes
 from npu_graph.observe import progress
 from npu_graph.runtime import glue_upgrade
-from npu_graph.tools import context_costs, context_memory, context_rig, roofline
+from npu_graph.tools import context_costs, context_kda, context_memory, context_prefill, context_rig, roofline
 from npu_graph.tools.context_plot import write_plot  # noqa: F401  (`--plot`: tools.bench calls it)
 from npu_graph.tools.timing import time_side_by_side
 
 CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768, 131072)}
 VERIFY_TOKENS = (2, 3, 4)
 DECODE_ROUNDS = {False: 6, True: 3}
+PREFILL_ROUNDS = {False: 2, True: 1}
 # Small sizes for tests (`--toy`, hidden): every code path of the real sweep, in a few minutes with every row compiled.
 TOY_SIZES = {"hidden_size": 256, "num_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
              "qk_rope_head_dim": 16, "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32,
@@ -107,11 +113,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with progress.step("layer, rows and the machine's rates", "bench context"):
         sweep = Sweep(toy)
     points = []
-    with progress.Sweep(len(contexts), "bench context") as bar:
+    prefills = context_prefill.TOY_CONTEXTS if toy else context_prefill.CONTEXTS[bool(args.quick)]
+    chunk = context_prefill.TOY_CHUNK if toy else context_prefill.CHUNK
+    with progress.Sweep(len(contexts) + len(prefills) + 1, "bench context") as bar:
         for context in contexts:
             with bar.point(f"decode @ {context}"):
                 points += decode_points(sweep, context, rounds)
-    at_largest = [p for p in points if p["context"] == max(contexts) and p["tokens"] == 1]
+        for tokens in prefills:
+            with bar.point(f"prefill of {tokens} in chunks of {chunk}"):
+                points += context_prefill.prefill_points(sweep, tokens, chunk, PREFILL_ROUNDS[bool(args.quick)])
+        with bar.point("KDA prefill, one process and two ranks"):
+            kda, skipped = context_kda.kda_points(sweep.rates, bool(args.quick), toy)
+    points += kda
+    at_largest = [p for p in points if p["phase"] == "decode" and p["context"] == max(contexts) and p["tokens"] == 1]
     held = {p["row"] in context_rig.FP8_ROWS: p["cache_bytes"] for p in at_largest}
     with progress.step(f"memory of the ascend_dsa rows at {max(contexts)}", "bench context"):
         memory = context_memory.measure_in_new_process(max(contexts), TOY_SIZES if toy else {})
@@ -122,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "cache_bytes_held": sum(held.values()),      # the bf16 and FP8 caches, both held at once
               "rates": sweep.rate_figures, "sizes": TOY_SIZES if toy else REAL_SIZES,
               "seconds": time.perf_counter() - start}
-    result["notes"] = notes(result)
+    result["notes"] = notes(result) + skipped
     return result
 
 
@@ -134,26 +148,64 @@ def notes(result: dict[str, Any]) -> list[str]:
             "step, vs_one_token: against ascend_dsa's one-token step timed in the same rounds",
             "peak_rss_bytes: the peak resident set above the runtime's own of a process decoding with the ascend_dsa "
             "rows at the largest context (tools/context_memory.py); sweep_peak_rss_bytes: this process's peak over the "
-            "whole sweep (every row's compiled graphs and working buffers)"]
+            "whole sweep (every row's compiled graphs and working buffers)",
+            "prefill: chunks of 1K tokens into an empty cache, ms the median over rounds alternating the rows; "
+            "peak_bytes: resident memory high-water mark (VmHWM) during the prefill above the memory before it",
+            "kda / kda_cp2: the KDA core (32 heads x 128) in fresh processes, 2K tokens per chunk_kda call; "
+            "peak_bytes per process: VmHWM above its memory before its inputs were made; kda_cp2 runs two passes "
+            "(the slice's transition, then its outputs from the folded state), one thread per rank; model_ms: time "
+            "to first token for N ranks from the measured parts"]
+
+
+def _table(result: dict[str, Any], title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    machine = result.get("machine", {})
+    table = Table(title=f"ascend-dsa bench context, {title} — {machine.get('cpu', '?')}, "
+                        f"{machine.get('threads', '?')} threads, native kernels at {result.get('isa', '?')}")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("phase", "row") else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _mib(value: float | None) -> str:
+    return "" if value is None else f"{value / 2**20:.0f}"
+
+
+def _decode_rows(points: list[dict[str, Any]]) -> list[list[str]]:
+    return [[p["row"], str(p["context"]), f"{p['ms']:.1f}", f"{p['floor_ms']:.1f}", f"{p['ratio_to_floor']:.2f}",
+             f"{p['op_floor_sum_ms']:.1f}", _mib(p["cache_bytes"]), f"{p['cache_bytes_read'] / 2**20:.1f}",
+             "" if p["topk_overlap"] is None else f"{p['topk_overlap']:.3f}"] for p in points]
+
+
+def _prefill_rows(points: list[dict[str, Any]]) -> list[list[str]]:
+    return [[p["row"], str(p["context"]), f"{p['ms']:.0f}", f"{p['floor_ms']:.0f}", f"{p['ratio_to_floor']:.2f}",
+             f"{p['op_floor_sum_ms']:.0f}", _mib(p["cache_bytes"]), _mib(p["peak_bytes"])] for p in points]
+
+
+def _kda_rows(points: list[dict[str, Any]]) -> list[list[str]]:
+    return [[p["row"], str(p["context"]), f"{p['ms']:.0f}", f"{p['floor_ms']:.0f}", f"{p['ratio_to_floor']:.2f}",
+             _mib(p["peak_bytes"]), f"{p['peak_ratio']:.2f}" if "peak_ratio" in p else "",
+             f"{p['rel_diff']:.1e}" if "rel_diff" in p else "",
+             " ".join(f"{n}:{ms:.0f}" for n, ms in p.get("model_ms", {}).items())] for p in points]
 
 
 def print_text(result: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    machine = result.get("machine", {})
-    table = Table(title=f"ascend-dsa bench context — {machine.get('cpu', '?')}, {machine.get('threads', '?')} "
-                        f"threads, native kernels at {result.get('isa', '?')}")
-    for column in ("phase", "row", "context", "ms", "floor_ms", "ratio", "op floors", "cache MiB", "read MiB",
-                   "overlap"):
-        table.add_column(column, justify="left" if column in ("phase", "row") else "right")
-    for p in result["points"]:
-        table.add_row(p["phase"], p["row"], str(p["context"]), f"{p['ms']:.1f}", f"{p['floor_ms']:.1f}",
-                      f"{p['ratio_to_floor']:.2f}", f"{p['op_floor_sum_ms']:.1f}", f"{p['cache_bytes'] / 2**20:.0f}",
-                      f"{p['cache_bytes_read'] / 2**20:.1f}",
-                      "" if p["topk_overlap"] is None else f"{p['topk_overlap']:.3f}")
+    points = result["points"]
+    decode = [p for p in points if p["phase"] == "decode"]
+    prefill = [p for p in points if p["phase"] == "prefill" and not p["row"].startswith("kda")]
+    kda = [p for p in points if p["row"].startswith("kda")]
     console = Console()
-    console.print(table)
+    console.print(_table(result, "decode", ("row", "context", "ms", "floor_ms", "ratio", "op floors", "cache MiB",
+                                            "read MiB", "overlap"), _decode_rows(decode)))
+    console.print(_table(result, "chunked prefill", ("row", "tokens", "ms", "floor_ms", "ratio", "op floors",
+                                                     "cache MiB", "peak MiB"), _prefill_rows(prefill)))
+    console.print(_table(result, "KDA prefill", ("row", "tokens", "ms", "floor_ms", "ratio", "peak MiB / rank",
+                                                 "peak ratio", "rel_diff", "model ms by ranks"), _kda_rows(kda)))
     console.print(f"weights {result['weights_bytes'] / 2**20:.0f} MiB, caches held at the largest context "
                   f"{result['cache_bytes_held'] / 2**20:.0f} MiB, peak RSS of the ascend_dsa rows above the runtime's "
                   f"{result['peak_rss_bytes'] / 2**20:.0f} MiB "

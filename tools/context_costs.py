@@ -11,6 +11,15 @@ layer's sizes alone — never from a measurement:
 The floor of a step is max(total bytes / bandwidth, total flops / GEMM rate): what the machine cannot beat even
 with the memory-bound and the compute-bound parts overlapped. `op_floor_sum` adds the per-operation floors, the
 floor of the same work run one operation after another.
+
+A chunked prefill's floor is the sum of its chunks' floors (`prefill_work`: chunk i is `step_work` of its tokens
+after the i chunks before it).
+
+The KDA core (`kda_work`) reads its bf16 q, k, v, g and beta once and writes its bf16 outputs; per token and
+head its recurrence does three multiply-adds per state element (K x V): k's projection of the decayed state,
+the rank-one update and the output's read-out (6·K·V flops; the per-channel decay is folded into them). The
+two-pass sequence split (`kda_split_work`) runs each rank's tokens once with V + K value columns (the slice's
+transition) and once with V (its outputs), reading the inputs twice.
 """
 from __future__ import annotations
 
@@ -87,3 +96,25 @@ def floors(work: dict[str, Work], rates: Rates) -> tuple[float, float]:
 def cache_bytes_read(work: dict[str, Work]) -> float:
     """Bytes of cache a step reads (everything but the weights)."""
     return sum(w.bytes for name, w in work.items() if name != "weights")
+
+
+def prefill_work(config: HybridConfig, weight_params: int, index_params: int, tokens: int, chunk: int,
+                 sparse: bool, fp8: bool) -> list[dict[str, Work]]:
+    """Per-chunk work of prefilling `tokens` tokens `chunk` at a time into an empty cache."""
+    return [step_work(config, weight_params, index_params, start, min(chunk, tokens - start), sparse, fp8)
+            for start in range(0, tokens, chunk)]
+
+
+def kda_work(tokens: int, heads: int, dim_k: int, dim_v: int) -> Work:
+    """Bytes and flops of the KDA core over `tokens` tokens (module docstring)."""
+    moved = 2 * tokens * heads * (3 * dim_k + 2 * dim_v + 1)
+    return Work(float(moved), 6.0 * dim_k * dim_v * tokens * heads)
+
+
+def kda_split_work(tokens: int, heads: int, dim_k: int, dim_v: int) -> Work:
+    """Work of every rank of the two-pass split together (the exchange and the fold are negligible): the
+    transition pass reads its values [v | 0] and keeps no outputs."""
+    transition = kda_work(tokens, heads, dim_k, dim_v + dim_k)
+    outputs = kda_work(tokens, heads, dim_k, dim_v)
+    read_only = Work(transition.bytes - 2.0 * tokens * heads * (dim_v + dim_k), transition.flops)
+    return read_only + outputs

@@ -19,9 +19,19 @@ Exchange and fold. Each rank packs [Z | A] ([B,H,K,V+K] fp32) and one all-gather
 every rank every slice's transition. Folding left to right from the sequence's initial state S_in(0),
 S_in(r+1) = A_r S_in(r) + Z_r gives rank r its true initial state; it corrects its outputs with
 o = o⁰ + Q̃ S_in(r). Folding all ranks gives the sequence's final state, on every rank.
+
+Long prompts (`kda_split_blocks`). The correction keeps o⁰ and Q̃ of the whole slice in fp32, (V + K) columns
+per step: at 128K tokens and 32 heads of 128 that is as much as the whole sequence's bf16 inputs. For a prompt
+held as time blocks, the slice's transition is computed block by block from [0 | I], keeping only the running
+[Z | A] (no outputs), and after the fold the slice is run again from its true initial state, block by block,
+giving its outputs directly: a rank holds its slice's inputs and outputs and a few blocks of temporaries, at
+(2V + K) / V of the slice's one-pass work.
 """
 from __future__ import annotations
 
+import itertools
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -89,3 +99,48 @@ def kda_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     run = run_slice(q, k, v, g, beta, scale=scale, chunk_size=chunk_size)
     states = fold_states(gather_parts(run.transition, group), start)
     return correct_outputs(run, states[rank]).to(v.dtype), states[-1]
+
+
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]     # q, k, v, g, beta
+
+
+def slice_transition(blocks: Sequence[Block], *, scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
+    """[Z | A] `[B,H,K,V+K]` fp32 of a slice given as consecutive time blocks, one `chunk_kda` call per block
+    with values [v | 0] from the running state (module docstring); no block's outputs are kept."""
+    _, k, v, _, _ = blocks[0]
+    batch, _, heads, dim_k = k.shape
+    dim_v = v.shape[-1]
+    identity = torch.eye(dim_k, dtype=torch.float32).expand(batch, heads, dim_k, dim_k)
+    state = torch.cat((torch.zeros(batch, heads, dim_k, dim_v, dtype=torch.float32), identity), dim=-1)
+    for q, k, v, g, beta in blocks:
+        values = torch.cat((v, v.new_zeros(*v.shape[:-1], dim_k)), dim=-1)
+        _, state = torch.ops.ascend_dsa.chunk_kda(q, k, values, g, beta, scale, state, output_final_state=True,
+                                                  chunk_size=chunk_size)
+    return state
+
+
+def kda_split_blocks(blocks: Sequence[Block], group: dist.ProcessGroup | None,
+                     emit: Callable[[int, torch.Tensor], None], *, scale: float | None = None,
+                     chunk_size: int = 64, clock: dict[str, float] | None = None) -> torch.Tensor:
+    """`kda_split` of this rank's contiguous slice held as time blocks, in two passes (module docstring): the
+    slice's transition, one all-gather and the fold, then each block run from its true state; `emit(i, o)`
+    receives block i's outputs `[B,T_i,H,V]` (v's dtype) as they are made. The initial state of the sequence
+    is zero. Returns the sequence's final state `[B,H,K,V]` fp32. `clock`, when given, receives the seconds of
+    each part: "transition", "exchange" (the all-gather and the fold) and "outputs"."""
+    _, rank = group_size_rank(group)
+    marks = [time.perf_counter()]
+    transition = slice_transition(blocks, scale=scale, chunk_size=chunk_size)
+    marks.append(time.perf_counter())
+    batch, heads, dim_k, width = transition.shape
+    states = fold_states(gather_parts(transition, group),
+                         torch.zeros(batch, heads, dim_k, width - dim_k, dtype=torch.float32))
+    marks.append(time.perf_counter())
+    state = states[rank]
+    for index, (q, k, v, g, beta) in enumerate(blocks):
+        o, state = torch.ops.ascend_dsa.chunk_kda(q, k, v, g, beta, scale, state, output_final_state=True,
+                                                  chunk_size=chunk_size)
+        emit(index, o)
+    marks.append(time.perf_counter())
+    if clock is not None:
+        clock.update(zip(("transition", "exchange", "outputs"), (b - a for a, b in itertools.pairwise(marks))))
+    return states[-1]

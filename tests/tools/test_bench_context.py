@@ -10,7 +10,7 @@ import torch
 
 from npu_graph.models.cache import HybridCache
 from npu_graph.models.context_layer import ContextLayer, bf16_context_layer, real_size_config, weights_bytes
-from npu_graph.tools import bench_context, cli, context_costs, context_rig
+from npu_graph.tools import bench_context, cli, context_costs, context_kda, context_prefill, context_rig
 from npu_graph.tools.context_costs import Rates, Work
 
 REAL = real_size_config(4096)
@@ -90,22 +90,45 @@ def test_the_bf16_layer_is_made_in_bf16():
     assert torch.get_default_dtype() == torch.float32
 
 
+def test_prefill_work_is_its_chunks_steps_each_after_the_chunks_before():
+    chunks = context_costs.prefill_work(REAL, PARAMS, INDEX_PARAMS, 2500, 1024, sparse=True, fp8=False)
+    assert len(chunks) == 3
+    assert chunks[2] == context_costs.step_work(REAL, PARAMS, INDEX_PARAMS, 2048, 452, sparse=True, fp8=False)
+    assert sum(c["weights"].flops for c in chunks) == 2 * PARAMS * 2500
+
+
+def test_kda_work_counts_three_multiply_adds_per_state_element_and_the_bf16_tensors_once():
+    work = context_costs.kda_work(1000, 32, 128, 128)
+    assert work.flops == 6 * 128 * 128 * 1000 * 32
+    assert work.bytes == 2 * 1000 * 32 * (4 * 128 + 1) + 2 * 1000 * 32 * 128
+    split = context_costs.kda_split_work(1000, 32, 128, 128)
+    assert split.flops == work.flops + context_costs.kda_work(1000, 32, 128, 256).flops
+    assert work.bytes < split.bytes < 3 * work.bytes
+
+
 def test_toy_sweep_prints_the_documented_json_and_draws_the_plot(monkeypatch, tmp_path):
     monkeypatch.setattr(context_rig, "ROWS", ("dense_eager", "dsa_eager"))
     monkeypatch.setattr(bench_context, "TOY_CONTEXTS", (64, 128))
+    monkeypatch.setattr(context_kda, "kda_points", lambda rates, quick, toy: ([], []))   # own (slow) test below
     path = tmp_path / "context.svg"
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert cli.main(["bench", "context", "--toy", "--json", "--repeat", "1", "--plot", str(path)]) == 0
     result = json.loads(out.getvalue())
     assert {"points", "peak_rss_bytes", "weights_bytes", "cache_bytes_held"} <= set(result)
-    assert [(p["row"], p["context"]) for p in result["points"]] == [
-        ("dense_eager", 64), ("dsa_eager", 64), ("dense_eager", 128), ("dsa_eager", 128)]
+    assert [(p["phase"], p["row"], p["context"]) for p in result["points"]] == [
+        ("decode", "dense_eager", 64), ("decode", "dsa_eager", 64), ("decode", "dense_eager", 128),
+        ("decode", "dsa_eager", 128), ("prefill", "dense_eager", 256), ("prefill", "dsa_eager", 256)]
     for p in result["points"]:
         assert {"phase", "row", "context", "ms", "floor_ms", "cache_bytes", "topk_overlap"} <= set(p)
-        assert p["phase"] == "decode" and p["ms"] > 0 and p["floor_ms"] > 0 and p["topk_overlap"] is None
+        assert p["ms"] > 0 and p["floor_ms"] > 0 and p["topk_overlap"] is None
         assert p["ratio_to_floor"] == pytest.approx(p["ms"] / p["floor_ms"])
-    assert result["cache_bytes_held"] == result["points"][-1]["cache_bytes"]
+    decode = [p for p in result["points"] if p["phase"] == "decode"]
+    assert result["cache_bytes_held"] == decode[-1]["cache_bytes"]
+    for p in result["points"][4:]:
+        assert p["tokens"] == 256 and p["chunk"] == context_prefill.TOY_CHUNK
+        assert p["peak_bytes"] is None or p["peak_bytes"] >= 0
+        assert p["floor_ms"] <= p["op_floor_sum_ms"]
     memory = result["memory"]       # the compiled ascend_dsa rows in a process of their own
     assert memory["recompiles_at_context"] == 0
     assert result["peak_rss_bytes"] == memory["peak_rss_bytes"] >= memory["weights_bytes"] + memory["cache_bytes_held"]
@@ -113,3 +136,19 @@ def test_toy_sweep_prints_the_documented_json_and_draws_the_plot(monkeypatch, tm
     text = set(ET.parse(path).getroot().itertext())
     assert {"dense_eager", "dsa_eager", "floor dense"} <= text
     assert any(result["machine"]["cpu"] in line for line in text)
+
+
+@pytest.mark.slow
+def test_kda_rows_split_over_two_processes_equal_one_process():
+    rates = Rates(bandwidth=1e10, gemm_rate=1e11)
+    points, skipped = context_kda.kda_points(rates, quick=True, toy=True)
+    assert skipped == []
+    one, split = points
+    assert (one["row"], split["row"]) == ("kda", "kda_cp2")
+    for p in points:
+        assert p["phase"] == "prefill" and p["context"] == context_kda.TOY["contexts"][0]
+        assert p["ms"] > 0 and p["floor_ms"] > 0 and p["peak_bytes"] > 0
+    assert split["rel_diff"] <= 1e-4 and split["state_rel_diff"] <= 1e-4
+    assert split["peak_ratio"] == pytest.approx(split["peak_bytes"] / one["peak_bytes"])
+    assert len(split["peak_bytes_per_rank"]) == 2 and set(split["parts_ms"]) == {"transition", "exchange", "outputs"}
+    assert [int(n) for n in split["model_ms"]] == list(context_kda.MODEL_RANKS)
