@@ -6,7 +6,8 @@
 - cp_gather.py: all-gathers over a CP group and a rank's zigzag chunk bookkeeping.
 - cp_indexer.py, cp_attention.py: the DSA lightning indexer and sparse attention on zigzag slices.
 - cp_dsa.py: prefill of the reference model's DSA layer under CP×TP.
-- kda_split.py: KDA over contiguous slices, exact output correction from one all-gather of transitions.
+- kda_split.py: KDA over contiguous slices, exact output correction from one all-gather of transitions; for
+  long prompts held as time blocks, two passes (the slice's transition, then its outputs from the folded state).
 - ep_dispatch.py: `ascend_dsa::moe_dispatch` / `moe_combine`, MoE expert parallelism on all_to_all (MC2 pair).
 - ep_quant.py: dynamic per-token int8 quantization of dispatched rows.
 - ep_layer.py, ep_shard.py: expert-parallel MoE modules and `shard_experts(model, ep_group)`.
