@@ -344,5 +344,4 @@ def ascend_dsa(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return get_backend(CompilerConfig.from_options(options, mode=mode))(gm, example_inputs)
 
 
-if traces.sharing_requested():
-    traces.install(backend_compiling)
+traces.install(backend_compiling)

@@ -7,10 +7,10 @@ dropped (the waiters then trace)."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import pickle
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch._dynamo.package as dynamo_package
@@ -23,7 +23,6 @@ from npu_graph.cache.trace_store import TraceGraph, TraceShelf
 
 QUIET_S = 1.0
 START_S = 5.0
-log = logging.getLogger("npu_graph")
 
 
 @dataclasses.dataclass
@@ -49,6 +48,7 @@ class State:
         self.pending: dict[int, Pending] = {}
         self.compiling = 0
         self.thread: threading.Thread | None = None
+        self.warned: set[str] = set()       # functions whose trace could not be stored, warned about once
 
 
 STATE = State()
@@ -59,8 +59,8 @@ def making(key: str) -> bool:
         return any(p.key == key for p in STATE.pending.values())
 
 
-def recorded(package: Any) -> None:
-    """Dynamo compiled a frame of `package`'s function."""
+def recorded(package: Any) -> bool:
+    """Dynamo compiled a frame of `package`'s function; whether it is a trace this process will store."""
     met_distributed = trace_watch.take_flag()
     with STATE.lock:
         pending = STATE.pending.get(id(package))
@@ -68,6 +68,7 @@ def recorded(package: Any) -> None:
             pending.package = package
             if met_distributed:
                 _keep_per_rank(pending)
+        return pending is not None
 
 
 def _keep_per_rank(pending: Pending) -> None:
@@ -113,31 +114,50 @@ def compile_ended() -> None:
             pending.since = time.monotonic()
 
 
+class NotShared(Exception):
+    """A graph of the trace has no compile-cache entry."""
+
+
+class TraceNotStoredWarning(UserWarning):
+    """A function's trace could not be kept in the compile cache: a new process traces it again."""
+
+
 def _store(pending: Pending) -> None:
-    """Store a finished trace (when every graph of it is a cache entry), then release its lease."""
+    """Store a finished trace (when every graph of it is a cache entry), then release its lease; one warning per
+    function when it cannot be."""
     try:
         if pending.package is not None:
             entry = _package_entry(pending.package)
-            if entry is not None:
-                data = pickle.dumps(entry)
-                for code in entry.dynamo.codes:          # a package whose guards cannot be read back is not stored
-                    for guarded in code.guarded_codes:
-                        dynamo_package.load_guards_state(guarded.guards_state)
-                pending.shelf.write(pending.key, data, {"function": pending.function, "versions": versions()})
+            data = pickle.dumps(entry)
+            for code in entry.dynamo.codes:          # a package whose guards cannot be read back is not stored
+                for guarded in code.guarded_codes:
+                    dynamo_package.load_guards_state(guarded.guards_state)
+            pending.shelf.write(pending.key, data, {"function": pending.function, "versions": versions()})
     except Exception as exc:    # the trace stays this process's own; others trace
-        log.info("ascend_dsa: the trace of %s is not stored (%s: %s)", pending.function, type(exc).__name__, exc)
+        _not_stored(pending.function, exc)
     finally:
         if pending.lease is not None:
             pending.lease.release()
 
 
-def _package_entry(package: Any) -> dynamo_package.PrecompileCacheEntry | None:
+def _not_stored(function: str, exc: Exception) -> None:
+    with STATE.lock:
+        if function in STATE.warned:
+            return
+        STATE.warned.add(function)
+    reason = str(exc) if isinstance(exc, NotShared) else f"torch could not serialize it: {type(exc).__name__}: {exc}"
+    warnings.warn(f"ascend_dsa: the Dynamo trace of {function} is not kept in the compile cache ({reason}); it runs "
+                  f"as compiled, and a new process traces it again", TraceNotStoredWarning, stacklevel=2)
+
+
+def _package_entry(package: Any) -> dynamo_package.PrecompileCacheEntry:
     entry = package.cache_entry()
     backends = {}
     for backend_id in entry.backend_ids:
         artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
         if not isinstance(artifact, TraceGraph):    # a graph the cache did not store, or another backend's
-            return None
+            raise NotShared(f"its graph {backend_id} is not in the compile cache: it ran eagerly, needs autograd, "
+                            f"or could not be stored")
         backends[backend_id] = artifact
     return dynamo_package.PrecompileCacheEntry(entry, backends)
 

@@ -61,8 +61,8 @@ def sharing_requested() -> bool:
     """ASCEND_DSA_SHARE_TRACES (1 or 0), else whether torchrun started this process."""
     text = os.environ.get(SHARE_ENV, "")
     if text not in ("", "0", "1"):
-        raise ValueError(f"{SHARE_ENV}={text!r}: use 1 (share Dynamo's traces through the compile cache) or 0 "
-                         f"(every process traces)")
+        raise ValueError(f"{SHARE_ENV}={text!r}: use 1 (keep Dynamo's traces in the compile cache, so a new process "
+                         f"with a warm cache does not trace) or 0 (every process traces)")
     return text == "1" if text else bool(os.environ.get("TORCHELASTIC_RUN_ID"))
 
 
@@ -181,14 +181,19 @@ class TraceStore(dynamo_package.DiskDynamoCache):
 
     def load(self, fn: Callable[..., Any]) -> dynamo_package.PrecompileCacheEntry | None:
         context = sys._getframe(1).f_locals.get("self")     # torch.compile's context, wrapping `fn`
-        backend = self._backend_for(getattr(context, "callback", None))
-        if backend is None or not shareable(backend):
+        callback = getattr(context, "callback", None)
+        backend = self._backend_for(callback)
+        if backend is None:     # another backend's function: torch's own store, as without ascend_dsa
+            return super().load(fn) if callback is not None else None
+        if not shareable(backend):
             return None
+        _activate()
         trace_watch.watch_compiles(trace_pending.compile_started, trace_pending.compile_ended)
         return open_trace(fn, backend, getattr(context, "_package", None))
 
     def record_package(self, package: Any) -> None:
-        trace_pending.recorded(package)
+        if not trace_pending.recorded(package):     # not ours to store: torch records it for save_cache_artifacts
+            super().record_package(package)
 
 
 def shareable(backend: Any) -> bool:
@@ -208,12 +213,27 @@ class _DroppedGuards(logging.Filter):
 
 
 def install(backend_for: Callable[[Any], Any]) -> None:
-    """Share traces in this process from now on (module docstring); once."""
+    """Serve torch's caching precompile from the compile cache for functions compiled with ascend_dsa (TraceStore
+    takes the place of torch's store, which it stays for other backends' functions), unless ASCEND_DSA_SHARE_TRACES
+    is 0; switch caching precompile on for the whole process where sharing_requested(). Once, as the backend is
+    loaded: torch's switch (TORCH_CACHING_PRECOMPILE=1, torch._dynamo.config.caching_precompile) works whenever it
+    is set before torch.compile."""
+    share = sharing_requested()
+    if os.environ.get(SHARE_ENV) == "0":
+        return
+    with STATE.lock:
+        if not isinstance(dynamo_package.DynamoCache, TraceStore):
+            dynamo_package.DynamoCache = TraceStore(backend_for)
+    if share:
+        torch._dynamo.config.caching_precompile = True
+
+
+def _activate() -> None:
+    """Watch Dynamo for the traces kept from now on (the first time torch.compile wraps a function of ascend_dsa
+    under caching precompile); once."""
     with STATE.lock:
         if STATE.installed:
             return
-        torch._dynamo.config.caching_precompile = True
-        dynamo_package.DynamoCache = TraceStore(backend_for)
         logging.getLogger("torch._dynamo.guards").addFilter(_DroppedGuards())
         trace_watch.install(trace_pending.met_distributed_now)
         atexit.register(trace_pending.store_all)
