@@ -40,6 +40,7 @@ import os
 import pickle
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -142,6 +143,7 @@ def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_pac
     base = trace_key(fn, backend.config.key())
     key, entry = _lookup(shelf, base, backend)
     if entry is not None:
+        _install_or_refuse(package, f"{fn.__module__}.{fn.__qualname__}")
         return entry
     lease = None
     if key == base and shelf.disk.read_only is None and not making(key):
@@ -158,6 +160,32 @@ def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_pac
             STATE.pending[id(package)] = Pending(shelf, key, lease, f"{fn.__module__}.{fn.__qualname__}")
         trace_pending.settle_in_background()
     return None
+
+
+class TraceNotLoadedWarning(UserWarning):
+    """torch could not install a kept trace (a guard it cannot rebuild in a new process): the function is traced."""
+
+
+def _install_or_refuse(package: Any, function: str) -> None:
+    """Make torch's install of a kept package fail the way torch recovers from (a RuntimeError: torch then traces
+    the function as usual), with one warning, whatever torch raises rebuilding its guards."""
+    if package is None:
+        return
+    install = type(package).install
+
+    def checked_install(backends: Any) -> None:
+        try:
+            install(package, backends)
+        except Exception as exc:
+            warnings.warn(f"ascend_dsa: the Dynamo trace of {function} kept in the compile cache cannot be loaded by "
+                          f"torch ({type(exc).__name__}: {exc}); it is traced as without a warm cache",
+                          TraceNotLoadedWarning, stacklevel=2)
+            package._initialized = False    # torch initializes it again, empty, and traces
+            raise RuntimeError(f"kept trace of {function} not loaded") from exc
+        finally:
+            del package.install
+
+    package.install = checked_install
 
 
 def settle(timeout: float = 60.0) -> None:
