@@ -51,3 +51,22 @@ def test_the_switch_set_in_code_works_and_a_trace_that_cannot_be_kept_warns_once
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("TraceNotStoredWarning") == 1, done.stderr[-3000:]
     assert "is not kept in the compile cache (its graph __compiled_fn" in done.stderr
+
+
+def test_a_kept_trace_torch_cannot_install_is_traced_with_one_warning():
+    """torch recovers from a RuntimeError of install by tracing; whatever rebuilding a guard raises becomes one."""
+    from npu_graph.cache import traces
+
+    class Package:
+        _initialized = True
+
+        def install(self, backends):
+            raise AttributeError("'_Missing' object has no attribute '__defaults__'")
+
+    package = Package()
+    traces._install_or_refuse(package, "m.f")
+    with pytest.warns(traces.TraceNotLoadedWarning, match=r"m\.f kept in the compile cache cannot be loaded .*"
+                      r"AttributeError.*traced as without a warm cache"), \
+            pytest.raises(RuntimeError, match=r"kept trace of m\.f not loaded"):
+        package.install({})
+    assert not package._initialized and "install" not in vars(package)
