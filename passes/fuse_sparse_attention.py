@@ -4,7 +4,9 @@ MLA absorbed form (one latent KV head that is both key and value, optional share
     out[b,t,h,:] = Σ_s softmax_s(c·(q[b,t,h]·K[b,s] + qr[b,t,h]·Kr[b,s]) + masks) · K[b,s]
 Two ways models restrict it to the indexer's picks, both matched here (anchored on the P·V matmul):
 - gather: K and Kr are rows gathered at the selected positions (paged: cache[table[sel // bs], sel % bs]),
-  masked where `sel <= position` fails (decode: one query per sequence);
+  masked where `sel <= position` fails (one query per batch row: a decode step, or a step of a few tokens whose
+  rows a model folds into the batch, [B, T·K] gathered rows viewed as [B·T, K]: each folded row then reads its
+  sequence's block table, and its own position bounds its keys, so no mask is as wide as the cache);
 - mask: dense attention over the whole cache plus a mask built from the indices (the forms sparse_mask reads:
   `full(-inf).scatter(-1, idx, 0)`, transformers' boolean and masked_fill forms) and a causal mask; the causal
   part becomes lengths via `ascend_dsa.causal_lengths`. transformers' non-absorbed MLA reaches this form
@@ -13,6 +15,7 @@ Indices produced by fuse_lightning_indexer are passed through raw (int32, -1 pad
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -32,7 +35,7 @@ from npu_graph.passes.matching.fusion_graph import (
 from npu_graph.passes.matching.match_util import NoMatch, paged_read
 from npu_graph.passes.matching.materialize import materialize, size_arg
 from npu_graph.passes.matching.sparse_mask import is_sparse_mask, read_sparse_mask
-from npu_graph.passes.matching.values import NEGATIONS, VIEWS_AND_CASTS, strip_casts, strip_views, val
+from npu_graph.passes.matching.values import NEGATIONS, VIEWS_AND_CASTS, same_size, strip_casts, strip_views, val
 
 NAME = "fuse_sparse_attention"
 INFERENCE_ONLY = True
@@ -87,6 +90,8 @@ def match(anchor: torch.fx.Node) -> SparseMatch:
         else:
             _read_gather_form(m, score)
             _assign_query_axes(m, parts.softmax, None)
+            if _fold(m) is None:
+                raise NoMatch("the gathered rows are viewed as rows that straddle two sequences")
     except NoMatch as exc:
         exc.near = exc.near and _sparse_evidence(parts.value, additive)
         raise
@@ -99,15 +104,19 @@ def _read_gather_form(m: SparseMatch, score: Expr) -> None:
     gathered = _paged_gather(m.main.k)
     if gathered is None:
         raise NoMatch("keys are not rows gathered from a paged cache")
+
     invisible = strip_views(score.node.args[1])
     visible = strip_views(invisible.args[0]) if invisible.target in NEGATIONS else None
-    if visible is None or visible.target != aten.le.Tensor or strip_casts(visible.args[0]) is not gathered[2]:
+    if visible is None or visible.target != aten.le.Tensor or \
+            strip_views(visible.args[0]) is not strip_views(gathered[2]):
         raise NoMatch("the mask is not `selected <= position`")
-    m.indices, m.position = gathered[2], visible.args[1]
+    m.indices, m.position = visible.args[0], visible.args[1]     # the selection as the attention's rows see it
 
 
 def _paged_gather(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
-    """(cache, block_table, selected positions) for cache[table.gather(1, sel // bs), sel % bs]."""
+    """(cache, block_table, selected positions) for cache[table.gather(1, sel // bs), sel % bs], read through
+    views."""
+    node = strip_views(node)
     if node.target != aten.index.Tensor or len(node.args[1]) != 2:
         return None
     blocks, offsets = node.args[1]
@@ -122,6 +131,19 @@ def _paged_gather(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, to
     if division.args[0] is not selected:
         return None
     return node.args[0], blocks.args[0], selected
+
+
+def _fold(m: SparseMatch) -> object | None:
+    """How many of the attention's batch rows each sequence's gathered rows `[B, N, 1, D]` make: F when the
+    attention reads them as B·F rows of N/F keys (each row within one sequence), 1 without folding, else None."""
+    gathered = strip_views(m.main.k)
+    sequences, count = val(gathered).shape[:2]
+    rows, per_row = (functools.reduce(operator.mul, (a.size for a in axes), 1) for axes in (m.batch, m.keys))
+    if same_size(rows, sequences):
+        return 1
+    if not same_size(count % per_row, 0) or not same_size(rows * per_row, sequences * count):
+        return None
+    return count // per_row
 
 
 def _assign_query_axes(m: SparseMatch, softmax_node: torch.fx.Node, mask_shape: list | None) -> None:
@@ -172,14 +194,30 @@ def _indexer_output(indices: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _sparse_indices(graph: torch.fx.Graph, m: SparseMatch) -> torch.fx.Node:
-    """[B, S1, 1, K] int32 indices; the raw (-1 padded) indexer output when the indices came from it."""
+    """[B, S1, 1, K] int32 indices; the raw (-1 padded) indexer output when the indices came from it (its rows
+    folded into the batch as the attention's are)."""
     raw = _indexer_output(m.indices)
     if raw is not None:
-        return graph.call_function(operator.getitem, (raw, 0))
+        indices = graph.call_function(operator.getitem, (raw, 0))
+        shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), 1, -1]
+        return graph.call_function(aten.reshape.default, (indices, shape))
     count = dim_arg(graph, m.indices, val(m.indices).dim() - 1)
     indices = graph.call_function(aten._to_copy.default, (m.indices,), {"dtype": torch.int32})
     shape = [size_arg(graph, m.batch), size_arg(graph, m.rows), 1, count]
     return graph.call_function(aten.reshape.default, (indices, shape))
+
+
+def _folded_table(graph: torch.fx.Graph, m: SparseMatch, table: torch.fx.Node | None) -> torch.fx.Node | None:
+    """The block table with each sequence's row repeated for the batch rows its tokens were folded into."""
+    fold = _fold(m) if table is not None and _paged_gather(m.main.k) is not None else 1
+    if isinstance(fold, int) and fold == 1:
+        return table
+    sequences, blocks = dim_arg(graph, table, 0), dim_arg(graph, table, 1)
+    folds = size_arg(graph, m.batch) if isinstance(sequences, int) and sequences == 1 else \
+        graph.call_function(operator.floordiv, (size_arg(graph, m.batch), sequences))
+    per_sequence = graph.call_function(aten.unsqueeze.default, (table, 1))
+    expanded = graph.call_function(aten.expand.default, (per_sequence, [sequences, folds, blocks]))
+    return graph.call_function(aten.reshape.default, (expanded, [size_arg(graph, m.batch), blocks]))
 
 
 def _lengths(graph: torch.fx.Graph, m: SparseMatch, windows: bool) -> tuple[object, object, object]:
@@ -209,6 +247,7 @@ def rewrite(gm: torch.fx.GraphModule, m: SparseMatch, windows: bool = False) -> 
             if rope_layout != layout or strip_casts(rope_table) is not strip_casts(table):
                 raise NoMatch("key and rope key use different layouts or block tables")
         lengths_q, lengths_kv, starts = _lengths(graph, m, windows)
+        table = _folded_table(graph, m, table)
         fused = graph.call_function(
             torch.ops.ascend_dsa.sparse_flash_attention.default,
             (q, key, key, _sparse_indices(graph, m), m.scale, table, lengths_q, lengths_kv, q_rope, k_rope, None,

@@ -7,9 +7,10 @@ probability-weighted latent multiplied by kv_b's value weights, then o_proj.
 
 Lightning indexer: score[t, s] = sum_j w[t, j] * ReLU(q[t, j] . k[s]) over index heads j, causal, and the
 top `index_topk` keys per query are the only ones attention may use. Prefill scatters 0 at the selected keys
-into a -inf mask over dense attention (as transformers does); decode (one new token) gathers only the selected
-latent rows from the paged cache. Keys past a query's position are masked in both, even when top-k picked them
-because fewer keys were visible than `index_topk`.
+into a -inf mask over dense attention (as transformers does); a step of up to GATHER_MAX_TOKENS new tokens (decode,
+a speculative verify step) gathers only each token's selected latent rows from the paged cache. Keys past a
+query's position are masked in both, even when top-k picked them because fewer keys were visible than
+`index_topk`.
 
 Keys are read over the cache's whole static capacity and masked by position, so shapes never depend on the
 current length.
@@ -27,6 +28,10 @@ from npu_graph.models.norm import RMSNorm
 
 if TYPE_CHECKING:
     from npu_graph.models.config import HybridConfig
+
+# Steps of at most this many new tokens (decode, a speculative verify step) gather each token's selected rows;
+# longer ones (prefill) run dense attention under the selection's mask, as DeepSeek's reference does.
+GATHER_MAX_TOKENS = 16
 
 
 class Rotary(nn.Module):
@@ -174,8 +179,8 @@ class DSAAttention(nn.Module):
         layer = cache.layers[self.layer_idx]
         qr, q_latent, q_rope = self.project(x, positions, cache, layer)
         topk = self.indexer(x, qr, positions, cache, layer)
-        if x.shape[1] == 1:
-            out_latent = self._decode(q_latent, q_rope, topk, positions, cache, layer)
+        if x.shape[1] <= GATHER_MAX_TOKENS and not self.training:
+            out_latent = self._gathered(q_latent, q_rope, topk, positions, cache, layer)
         else:
             out_latent = self._prefill(q_latent, q_rope, topk, positions, cache, layer)
         return self.output(out_latent)
@@ -196,15 +201,21 @@ class DSAAttention(nn.Module):
         probs = F.softmax(scores + (index_mask + causal_mask).unsqueeze(1), dim=-1)
         return torch.einsum("bhts,bsc->bthc", probs, latent)
 
-    def _decode(self, q_latent: torch.Tensor, q_rope: torch.Tensor, topk: torch.Tensor,
-                positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
-        """Attention of one new token over only the selected latent rows; returns `[B, 1, H, C]`."""
-        selected = topk[:, 0]
+    def _gathered(self, q_latent: torch.Tensor, q_rope: torch.Tensor, topk: torch.Tensor,
+                  positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
+        """Attention of each new token over only its selected latent rows; returns `[B, T, H, C]`.
+
+        The T tokens of a sequence are folded into the batch (one row of `B·T` per token, as T decode steps), so
+        every mask is as wide as the selection, never as the cache: key p is visible to the token at position
+        `positions[b, t]` iff p <= that position."""
+        batch, seq, count = topk.shape
+        selected = topk.reshape(batch, seq * count)      # the sequence's own blocks hold all its tokens' rows
         latent = cache.read_rows(layer.latent, selected, dtype=q_latent.dtype, scale=layer.latent_scale)
         k_rope = cache.read_rows(layer.k_rope, selected, dtype=q_latent.dtype)
-        scores = (torch.einsum("bhc,bkc->bhk", q_latent[:, 0], latent)
-                  + torch.einsum("bhr,bkr->bhk", q_rope[:, 0], k_rope)) * self.softmax_scale
-        visible = selected <= positions
+        latent, k_rope = latent.view(batch * seq, count, -1), k_rope.view(batch * seq, count, -1)
+        scores = (torch.einsum("bhc,bkc->bhk", q_latent.flatten(0, 1), latent)
+                  + torch.einsum("bhr,bkr->bhk", q_rope.flatten(0, 1), k_rope)) * self.softmax_scale
+        visible = selected.view(batch * seq, count) <= positions.reshape(batch * seq, 1)
         scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
         probs = F.softmax(scores, dim=-1)
-        return torch.einsum("bhk,bkc->bhc", probs, latent).unsqueeze(1)
+        return torch.einsum("bhk,bkc->bhc", probs, latent).view(batch, seq, self.n_heads, -1)

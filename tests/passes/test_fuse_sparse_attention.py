@@ -1,5 +1,6 @@
 """fuse_sparse_attention on the two ways models restrict MLA attention to top-k keys: gathered rows
-(decode, paged cache) and a scatter-built -inf mask over dense attention (prefill)."""
+(decode, and a few tokens folded into the batch, paged cache) and a scatter-built -inf mask over dense attention
+(prefill)."""
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +46,52 @@ def test_decode_gather_form_with_paged_cache():
     ref, out, report, stats = run(decode, q, qr, selected, position, table, latent, rope)
     assert report.fused_ops == {"sparse_flash_attention": 1}, stats
     assert list(stats["matches"]) == [fuse_sparse_attention.PATTERN_GATHER]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def folded(q, qr, selected, positions, table, latent, rope):
+    """A step of T tokens per sequence as B·T decode rows: [B, T·K] gathered rows viewed as [B·T, K]."""
+    batch, t, k = selected.shape
+    flat = selected.reshape(batch, t * k)
+    blocks, offsets = table.long().gather(1, flat // BLOCK), flat % BLOCK
+    keys = latent[blocks, offsets].squeeze(-2).view(batch * t, k, C)
+    key_rope = rope[blocks, offsets].squeeze(-2).view(batch * t, k, R)
+    scores = (torch.einsum("bhc,bkc->bhk", q.flatten(0, 1), keys)
+              + torch.einsum("bhr,bkr->bhk", qr.flatten(0, 1), key_rope)) * 0.3
+    visible = flat.view(batch * t, k) <= positions.reshape(batch * t, 1)
+    scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    return torch.einsum("bhk,bkc->bhc", F.softmax(scores, dim=-1), keys).view(batch, t, H, C)
+
+
+def test_tokens_folded_into_the_batch_read_their_sequences_blocks():
+    table, latent, rope = paged_inputs(2)
+    t = 3
+    positions = torch.tensor([[4, 5, 6], [17, 18, 19]])      # ragged: each token sees up to its own position
+    selected = torch.stack([torch.stack([torch.randperm(S)[:K] for _ in range(t)]) for _ in range(B)])
+    selected[:, :, 0] = 0
+    q, qr = torch.randn(B, t, H, C), torch.randn(B, t, H, R)
+    ref, out, report, stats = run(folded, q, qr, selected, positions, table, latent, rope)
+    assert report.fused_ops == {"sparse_flash_attention": 1}, stats
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def straddling(q, qr, selected, position, table, latent, rope):
+    """[B, N] gathered rows viewed as rows of a length that does not divide N: a row mixes two sequences."""
+    blocks, offsets = table.long().gather(1, selected // BLOCK), selected % BLOCK
+    rows = selected.numel() // 4
+    keys = latent[blocks, offsets].squeeze(-2).view(rows, 4, C)
+    key_rope = rope[blocks, offsets].squeeze(-2).view(rows, 4, R)
+    scores = (torch.einsum("bhc,bkc->bhk", q, keys) + torch.einsum("bhr,bkr->bhk", qr, key_rope)) * 0.3
+    scores = scores.masked_fill(~(selected.view(rows, 4) <= position).unsqueeze(1), float("-inf"))
+    return torch.einsum("bhk,bkc->bhc", F.softmax(scores, dim=-1), keys)
+
+
+def test_rows_straddling_two_sequences_are_not_fused():
+    table, latent, rope = paged_inputs(3)
+    selected = torch.stack([torch.randperm(S)[:6] for _ in range(B)])
+    q, qr, position = torch.randn(3, H, C), torch.randn(3, H, R), torch.tensor([[20], [21], [22]])
+    ref, out, report, stats = run(straddling, q, qr, selected, position, table, latent, rope)
+    assert "sparse_flash_attention" not in report.fused_ops, stats
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
