@@ -5,7 +5,7 @@ MLA absorbed form (one latent KV head that is both key and value, optional share
 Two ways models restrict it to the indexer's picks, both matched here (anchored on the P·V matmul):
 - gather: K and Kr are rows gathered at the selected positions (paged: cache[table[sel // bs], sel % bs]),
   masked where `sel <= position` fails (one query per batch row: a decode step, or a step of a few tokens whose
-  rows a model folds into the batch, [B, T·K] gathered rows viewed as [B·T, K]: each folded row then reads its
+  rows become batch rows, [B, T·K] gathered rows viewed as [B, T, K] or [B·T, K]: each such row then reads its
   sequence's block table, and its own position bounds its keys, so no mask is as wide as the cache);
 - mask: dense attention over the whole cache plus a mask built from the indices (the forms sparse_mask reads:
   `full(-inf).scatter(-1, idx, 0)`, transformers' boolean and masked_fill forms) and a causal mask; the causal

@@ -41,11 +41,11 @@ TOY_CONTEXTS = (128, 512)
 class Sweep:
     """The layer, its rows' step functions and the machine's rates, shared by every point."""
 
-    def __init__(self, toy: bool) -> None:
+    def __init__(self, toy: bool, rows: tuple[str, ...] | None = None) -> None:
         torch.manual_seed(0)
         self.config = real_size_config(max(TOY_CONTEXTS), **TOY_SIZES) if toy else real_size_config(4096)
         self.layer = bf16_context_layer(self.config)
-        self.steps = context_rig.row_steps(self.layer)
+        self.steps = context_rig.row_steps(self.layer, rows)
         self.rates, self.rate_figures = roofline.measure(small=toy)
         self.weight_params = sum(p.numel() for p in self.layer.parameters() if p.dim() > 1)
         self.index_params = sum(p.numel() for p in self.layer.attn.indexer.parameters() if p.dim() > 1)
@@ -108,10 +108,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     toy = getattr(args, "toy", False)
     torch._dynamo.reset()
     contexts = TOY_CONTEXTS if toy else CONTEXTS[bool(args.quick)]
+    contexts = _chosen(getattr(args, "contexts", None), contexts, int)
+    rows = _chosen(getattr(args, "rows", None), context_rig.ROWS, str)
     rounds = args.repeat or DECODE_ROUNDS[bool(args.quick)]
     start = time.perf_counter()
     with progress.step("layer, rows and the machine's rates", "bench context"):
-        sweep = Sweep(toy)
+        sweep = Sweep(toy, rows)
     points = []
     prefills = context_prefill.TOY_CONTEXTS if toy else context_prefill.CONTEXTS[bool(args.quick)]
     chunk = context_prefill.TOY_CHUNK if toy else context_prefill.CHUNK
@@ -138,6 +140,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "seconds": time.perf_counter() - start}
     result["notes"] = notes(result) + skipped
     return result
+
+
+def _chosen(given: str | None, default: tuple, kind: type) -> tuple:
+    """The comma-separated `given` values (`--rows`, `--contexts`), each checked against what the sweep knows
+    (rows) or read as a number of tokens (contexts); `default` when not given."""
+    if given is None:
+        return default
+    try:
+        chosen = tuple(kind(v) for v in given.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"ascend-dsa bench context: --contexts takes token counts such as 4096,32768, "
+                         f"not {given!r}") from None
+    if kind is str and (not chosen or any(v not in default for v in chosen)):
+        raise SystemExit(f"ascend-dsa bench context: --rows {given!r} names a row it does not know; rows: "
+                         f"{', '.join(default)}")
+    if kind is int and (not chosen or min(chosen) < 1):
+        raise SystemExit(f"ascend-dsa bench context: --contexts {given!r} gives no positive token count")
+    return chosen
 
 
 def notes(result: dict[str, Any]) -> list[str]:

@@ -205,17 +205,16 @@ class DSAAttention(nn.Module):
                   positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
         """Attention of each new token over only its selected latent rows; returns `[B, T, H, C]`.
 
-        The T tokens of a sequence are folded into the batch (one row of `B·T` per token, as T decode steps), so
-        every mask is as wide as the selection, never as the cache: key p is visible to the token at position
-        `positions[b, t]` iff p <= that position."""
+        Every mask is as wide as the selection, never as the cache: key p is visible to the token at position
+        `positions[b, t]` iff p <= that position (each token is its own decode row)."""
         batch, seq, count = topk.shape
         selected = topk.reshape(batch, seq * count)      # the sequence's own blocks hold all its tokens' rows
         latent = cache.read_rows(layer.latent, selected, dtype=q_latent.dtype, scale=layer.latent_scale)
         k_rope = cache.read_rows(layer.k_rope, selected, dtype=q_latent.dtype)
-        latent, k_rope = latent.view(batch * seq, count, -1), k_rope.view(batch * seq, count, -1)
-        scores = (torch.einsum("bhc,bkc->bhk", q_latent.flatten(0, 1), latent)
-                  + torch.einsum("bhr,bkr->bhk", q_rope.flatten(0, 1), k_rope)) * self.softmax_scale
-        visible = selected.view(batch * seq, count) <= positions.reshape(batch * seq, 1)
-        scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
+        latent, k_rope = latent.view(batch, seq, count, -1), k_rope.view(batch, seq, count, -1)
+        scores = (torch.einsum("bthc,btkc->bthk", q_latent, latent)
+                  + torch.einsum("bthr,btkr->bthk", q_rope, k_rope)) * self.softmax_scale
+        visible = selected.view(batch, seq, count) <= positions.unsqueeze(-1)
+        scores = scores.masked_fill(~visible.unsqueeze(2), float("-inf"))
         probs = F.softmax(scores, dim=-1)
-        return torch.einsum("bhk,bkc->bhc", probs, latent).view(batch, seq, self.n_heads, -1)
+        return torch.einsum("bthk,btkc->bthc", probs, latent)
