@@ -14,6 +14,11 @@ load then shifts both alike), after a warm-up run (which compiles, and lets kern
 choices). Per row: acceptance rate, mean tokens kept per round, the per-round cost split (draft, verify, rollback), a
 plain decode step's time and a round's cost in decode steps (speedup = tokens per round / that), and whether the tokens
 equal plain greedy decoding's.
+
+`--wide N`: the same trained weights with each decoder layer's MLP (the dense one, or the MoE's shared expert)
+widened to N intermediate units by zero rows and columns (the same function: the added units add exact zeros; the
+MTP head is left as it is). A step then streams a large weight set, as a real-size model's decode step does, while
+the drafts keep their acceptance: the regime where a verify step of k + 1 tokens costs about one plain step.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import torch
 
 from npu_graph.generate import Decoder, Prefilled
 from npu_graph.models.hybrid import HybridLM
+from npu_graph.models.moe import SwiGLU
 from npu_graph.observe import progress
 
 KS = (1, 2, 3, 4)
@@ -69,6 +75,27 @@ def with_context(model: HybridLM, context: int) -> HybridLM:
     out = HybridLM(dataclasses.replace(config, max_context=blocks * config.block_size))
     out.load_state_dict(model.state_dict())
     return out.eval()
+
+
+def widened(model: HybridLM, size: int) -> HybridLM:
+    """`model` with each decoder layer's MLP (the dense one, or the MoE's shared expert) zero-padded to `size`
+    intermediate units, in place: the padded units' gate and up rows and down columns are 0, so each adds silu(0)·0
+    = 0 and the layer computes what it did (module docstring). The MTP head keeps its own MLP."""
+    for layer in model.layers:
+        owner, name = (layer, "mlp") if isinstance(layer.mlp, SwiGLU) else (layer.mlp, "shared_experts")
+        old = getattr(owner, name)
+        units = old.gate_proj.out_features
+        if size < units:
+            raise SystemExit(f"ascend-dsa bench spec: --wide {size} is narrower than the model's MLP ({units} units)")
+        wide = SwiGLU(old.gate_proj.in_features, size)
+        with torch.no_grad():
+            for part in (wide.gate_proj, wide.up_proj, wide.down_proj):
+                part.weight.zero_()
+            wide.gate_proj.weight[:units] = old.gate_proj.weight
+            wide.up_proj.weight[:units] = old.up_proj.weight
+            wide.down_proj.weight[:, :units] = old.down_proj.weight
+        setattr(owner, name, wide.to(old.gate_proj.weight.dtype))
+    return model
 
 
 def heldout_prompts(batch: int, length: int) -> torch.Tensor:
@@ -139,6 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeat = args.repeat or 3
     trained, source = load_model()
     model = with_context(trained, context)
+    wide = getattr(args, "wide", None)
+    if wide:
+        model = widened(model, wide)
+        source += f"; each decoder layer's MLP zero-padded to {wide} units ({_mlp_bytes(model) / 2**20:.0f} MiB)"
     with progress.step(f"prefill of {batch} prompts of {context - steps} tokens (compiled)", "bench spec"):
         prefilled = Decoder(model, compiled=True, options=OPTIONS).prefill(heldout_prompts(batch, context - steps),
                                                                           draft=True)
@@ -155,8 +186,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              "rows at once); round_in_decode_steps = (draft + verify + rollback) / decode_ms, so speedup ~ "
              "mean_accepted_length / round_in_decode_steps",
              "identical: the tokens equal plain greedy decoding's; timings on a shared machine are noisy"]
-    return {"suite": "spec", "context": context, "rows": [r for r in measured if r["drafts"] == "mtp"],
+    return {"suite": "spec", "context": context, "wide": wide, "rows": [r for r in measured if r["drafts"] == "mtp"],
             "oracle_rows": [r for r in measured if r["drafts"] == "oracle"], "notes": notes}
+
+
+def _mlp_bytes(model: HybridLM) -> int:
+    """Bytes of the decoder layers' MLP weights that `--wide` widened."""
+    return sum(p.numel() * p.element_size() for layer in model.layers for name, p in layer.mlp.named_parameters()
+               if isinstance(layer.mlp, SwiGLU) or name.startswith("shared_experts"))
 
 
 def print_text(result: dict[str, Any]) -> None:

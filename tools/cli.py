@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                             "avx512_bf16, amx_bf16; default: the best this CPU has), as ASCEND_DSA_CPU_ISA does")
     bench.add_argument("--context", type=positive_int, default=None,
                        help="spec only: tokens of context, prompt and new tokens (default 4096; 256 with --quick)")
+    bench.add_argument("--wide", type=positive_int, default=None, metavar="UNITS",
+                       help="spec only: widen each decoder layer's MLP to UNITS by zero units (the same function, "
+                            "large weights: a weight-bound step, as at real size)")
     bench.add_argument("--random-weights", action="store_true",
                        help="quant only: measure accuracy on the untrained model instead of the trained checkpoint")
     bench.add_argument("--plot", default=None, metavar="FILE",

@@ -1,5 +1,6 @@
 """`ascend-dsa bench spec`'s pieces on the tiny model (eager): a model given room for a longer context decodes as
-the original, and every row decodes plain greedy's tokens from one shared prefill, with its cost split."""
+the original, one whose MLPs are widened by zero units (`--wide`) computes what it did, and every row decodes plain
+greedy's tokens from one shared prefill, with its cost split."""
 import dataclasses
 
 import torch
@@ -20,6 +21,19 @@ def test_with_context_keeps_the_weights_and_the_tokens():
     assert longer.config.max_context == 416 and model.config.max_context == 256      # 26 blocks of 16
     prompts = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     assert torch.equal(Decoder(longer).greedy(prompts, 6), Decoder(model).greedy(prompts, 6))
+
+
+def test_widened_mlps_compute_what_the_model_did():
+    model = mtp_model()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids, model.new_cache(2))
+        wide = bench_spec.widened(mtp_model(), 1000)
+        after = wide(ids, wide.new_cache(2))
+    widened = [getattr(layer.mlp, "shared_experts", layer.mlp) for layer in wide.layers]
+    assert [mlp.down_proj.in_features for mlp in widened] == [1000] * len(wide.layers)
+    assert bench_spec._mlp_bytes(wide) > 3 * bench_spec._mlp_bytes(model)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 
 def test_rows_decode_plain_greedy_tokens_with_their_cost_split(monkeypatch):
