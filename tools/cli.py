@@ -64,9 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, metavar="FILE",
                        help="context only: write ms/token against context for every row, and the floor, as SVG")
     bench.add_argument("--toy", action="store_true", help=argparse.SUPPRESS)     # context: tiny sizes, for tests
-    # context: only these rows (comma-separated; ascend_dsa brings its verify rows) and contexts (tokens)
-    bench.add_argument("--rows", default=None, help=argparse.SUPPRESS)
-    bench.add_argument("--contexts", default=None, help=argparse.SUPPRESS)
+    bench.add_argument("--rows", default=None, metavar="ROW,...",
+                       help="context only: time only these rows (ascend_dsa brings its verify rows)")
+    bench.add_argument("--contexts", default=None, metavar="TOKENS,...",
+                       help="context only: time only these contexts, e.g. 4096,131072")
     train_cli.add_parser(sub)
     inspect_cli.add_parser(sub)
     add_cache_parser(sub)
