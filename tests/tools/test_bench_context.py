@@ -152,3 +152,12 @@ def test_kda_rows_split_over_two_processes_equal_one_process():
     assert split["peak_ratio"] == pytest.approx(split["peak_bytes"] / one["peak_bytes"])
     assert len(split["peak_bytes_per_rank"]) == 2 and set(split["parts_ms"]) == {"transition", "exchange", "outputs"}
     assert [int(n) for n in split["model_ms"]] == list(context_kda.MODEL_RANKS)
+
+
+def test_rows_and_contexts_filters_read_known_rows_and_token_counts():
+    assert bench_context._chosen(None, (4096,), int) == (4096,)
+    assert bench_context._chosen("4096,131072", (1,), int) == (4096, 131072)
+    assert bench_context._chosen("ascend_dsa", context_rig.ROWS, str) == ("ascend_dsa",)
+    for given, kind, words in (("ascend", str, "does not know"), ("4k", int, "token counts"), ("0", int, "positive")):
+        with pytest.raises(SystemExit, match=words):
+            bench_context._chosen(given, context_rig.ROWS if kind is str else (1,), kind)
