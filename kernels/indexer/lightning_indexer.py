@@ -137,7 +137,8 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
     plan = _PLANS.get(signature)
     result = None
     if plan is not None:      # None: a left-padded batch
-        result = plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, key_starts)
+        result = plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, query_scale,
+                      key_scale, key_starts)
     elif not has_padding(key_starts):
         result = _first_call(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                              query_scale, key_scale, sparse_count, sparse_mode, signature)
@@ -150,8 +151,9 @@ def _lightning_indexer_cpu(query: Tensor, key: Tensor, weights: Tensor, actual_s
 
 
 def _unpadded(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor] | None]:
-    """A plan running fn(query, key, weights, lengths_q, lengths_k, block_table) when the call's key_starts (its
-    last argument) are all 0, else returning None (the padded rows' path), as the native plan does."""
+    """A plan running fn(query, key, weights, lengths_q, lengths_k, block_table, query_scale, key_scale) when the
+    call's key_starts (its last argument) are all 0, else returning None (the padded rows' path), as the native plan
+    does."""
     def plan(*args: Any) -> tuple[Tensor, Tensor] | None:
         return None if has_padding(args[-1]) else fn(*args[:-1])
     return plan
@@ -173,15 +175,14 @@ def _first_call(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths_
         return run()
     native_plan = lightning_indexer_native.native_path(
         query, key, block_table, weights, sparse_count, sparse_mode, (actual_seq_lengths_query, actual_seq_lengths_key),
-        functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"))
+        functools.partial(sequence_lengths, OP, key_lengths_name="actual_seq_lengths_key"), (query_scale, key_scale))
     result = dispatch.run(OP, lightning_indexer_native.NATIVE_SOURCE, cls,
                           lambda: native_plan(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key,
-                                              block_table), dispatch.torch_path(run))
+                                              block_table, query_scale, key_scale), dispatch.torch_path(run))
     impl = dispatch.known(OP, cls)
     if impl is not None:
         _PLANS.put(signature, native_plan if impl == "native" else _unpadded(call_plans.without_native(
-            functools.partial(_torch_indexer, query_scale=query_scale, key_scale=key_scale, sparse_count=sparse_count,
-                              sparse_mode=sparse_mode))))
+            functools.partial(_torch_indexer, sparse_count=sparse_count, sparse_mode=sparse_mode))))
     return result
 
 
@@ -203,9 +204,9 @@ def _signature(query: Tensor, key: Tensor, weights: Tensor, query_lengths: Tenso
 
 def native_class(query: Tensor, key: Tensor, weights: Tensor, *args: object, block_table: Tensor | None = None,
                  query_scale: Tensor | None = None, key_scale: Tensor | None = None, **kwargs: object) -> tuple | None:
-    """The shape class kernels/native/dispatch.py measures for a call the native scorer takes (unscaled keys it reads;
-    decode and prefill rows alike), else None."""
-    if query_scale is not None or key_scale is not None or not lightning_indexer_native.takes(query, key):
+    """The shape class kernels/native/dispatch.py measures for a call the native scorer takes (float or MXFP8 keys it
+    reads; decode and prefill rows alike), else None."""
+    if not lightning_indexer_native.takes(query, key, key_scale):
         return None
     positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
     return dispatch.shape_class(query.dtype, key.dtype, block_table is not None, *query.shape[1:], positions)

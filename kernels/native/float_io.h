@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
+enum { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3 };   /* E4M3: float8_e4m3fn codes, read by the kernels that say so */
 
 #ifdef __FLT16_MANT_DIG__
 #define FLOAT_IO_HAS_F16 1

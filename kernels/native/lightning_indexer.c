@@ -5,7 +5,11 @@
  *   score[s] = sum_h w[h] * relu(q[h] . key[s])                                  (fp32 accumulation)
  * Key s is row s of a [S, D] matrix (row stride `row_stride` values), or, through a paged cache's block table,
  * row s % block_size of block table[s / block_size] (block stride `block_stride` values). Keys are fp32,
- * bf16 or fp16 (fp16 needs the compiler's _Float16: li_has_f16).
+ * bf16 or fp16 (fp16 needs the compiler's _Float16: li_has_f16), or MXFP8: float8_e4m3fn codes with one E8M0
+ * scale byte e per 32 values (value 2^(e-127) * code; e = 255 is NaN), the scale rows paged like the key rows
+ * (`scale`, `scale_row` and `scale_block` bytes). An MXFP8 row is decoded exactly (a code has 4 significant bits)
+ * where it is scored: into the chunk's fp32 rows, or into a few bf16 rows for the bf16 dot products, never into a
+ * copy of the cache.
  *
  * The scores never form an [H, S] matrix. Two micro-kernels:
  * - fp32: a chunk of KC keys is widened to fp32 once (whole vectors: bf16 by a 16-bit shift, fp16 by the
@@ -70,6 +74,9 @@ struct keys {
     int64_t block_stride;      /* values between blocks of a paged cache */
     const int32_t *table;      /* block table row of this batch, or NULL */
     int64_t block_size;
+    const uint8_t *scale;      /* MXFP8 keys: their E8M0 scale bytes (rows of d / MX_GROUP), else NULL */
+    int64_t scale_row;         /* bytes between scale rows (within a block when paged) */
+    int64_t scale_block;       /* bytes between blocks of the paged scales */
 };
 
 static const char *key_row(const struct keys *k, int64_t s) {
@@ -77,6 +84,59 @@ static const char *key_row(const struct keys *k, int64_t s) {
                                     + (s % k->block_size) * k->row_stride
                               : s * k->row_stride;
     return k->base + offset * elem_bytes(k->dtype);
+}
+
+#define MX_GROUP 32   /* values per E8M0 scale of an MXFP8 key */
+
+static const uint8_t *scale_row(const struct keys *k, int64_t s) {
+    return k->scale + (k->table ? (int64_t)k->table[s / k->block_size] * k->scale_block
+                                       + (s % k->block_size) * k->scale_row
+                                : s * k->scale_row);
+}
+
+typedef uint8_t vb __attribute__((vector_size(VL)));
+
+/* 2^(e - 127) for an E8M0 byte e (e = 0: 2^-127, a subnormal float); e = 255 is NaN. */
+static inline float e8m0_factor(uint8_t e) {
+    uint32_t bits = e == 255 ? 0x7FC00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* VL float8_e4m3fn codes at p, times factor, as fp32: exact (a normal code's exponent and mantissa moved into
+ * fp32's fields, a subnormal one m * 2^-9), then the factor, then the sign; the NaN codes (magnitude 0x7F) are NaN. */
+static inline vf e4m3_vec(const uint8_t *p, vf factor) {
+    vb b;
+    memcpy(&b, p, sizeof b);
+    vu u = __builtin_convertvector(b, vu), mag = u & 0x7Fu;
+    vf normal = (vf)((mag << 20) + (120u << 23));
+    vf sub = __builtin_convertvector((vi)mag, vf) * (1.0f / 512.0f);
+    vf v = pick((vi)(mag < 8u), sub, normal) * factor;
+    v = (vf)((vu)v | ((u & 0x80u) << 24));
+    return pick((vi)(mag == 0x7Fu), splat(NAN), v);
+}
+
+/* The d values of MXFP8 key s as fp32 (d a multiple of MX_GROUP, itself a multiple of VL). */
+static void e4m3_row_f32(const struct keys *k, int64_t s, int64_t d, float *dst) {
+    const uint8_t *row = (const uint8_t *)key_row(k, s), *sc = scale_row(k, s);
+    for (int64_t g = 0; g < d; g += MX_GROUP) {
+        vf f = splat(e8m0_factor(sc[g / MX_GROUP]));
+        for (int64_t i = g; i < g + MX_GROUP; i += VL) vstore(dst + i, e4m3_vec(row + i, f));
+    }
+}
+
+/* Key s as fp32 values at dst: widened a vector at a time (row_to_f32), MXFP8 decoded (e4m3_row_f32). */
+static void key_f32(const struct keys *k, int64_t s, int64_t d, float *dst) {
+    if (k->dtype == E4M3) e4m3_row_f32(k, s, d, dst);
+    else row_to_f32(dst, key_row(k, s), k->dtype, d);
+}
+
+/* Starts the way into the cache of key s's row (and scale row). */
+static void prefetch_key(const struct keys *k, int64_t s, int64_t d) {
+    const char *row = key_row(k, s);
+    for (int64_t off = 0; off < d * elem_bytes(k->dtype); off += 64) __builtin_prefetch(row + off, 0, 3);
+    if (k->scale) __builtin_prefetch(scale_row(k, s), 0, 3);
 }
 
 /* Partial sums tot[0:kb] += w * relu(acc) over the nb head vectors of a tile (a max and a fused multiply-add per
@@ -122,12 +182,8 @@ static inline __attribute__((always_inline)) void block_f32(const float *kf, int
 /* Keys c0 .. c0+m-1 widened to fp32 rows kf [m][d], then zero rows up to a multiple of KC_ALIGN; the rows of
  * the next chunk are prefetched (caches cold after other work). */
 static int64_t widen_chunk(const struct keys *k, int64_t c0, int64_t m, int64_t next, int64_t d, float *kf) {
-    size_t bytes = (size_t)(d * elem_bytes(k->dtype));
-    for (int64_t i = 0; i < next; i++) {
-        const char *row = key_row(k, c0 + m + i);
-        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
-    }
-    for (int64_t i = 0; i < m; i++) row_to_f32(kf + i * d, key_row(k, c0 + i), k->dtype, d);
+    for (int64_t i = 0; i < next; i++) prefetch_key(k, c0 + m + i, d);
+    for (int64_t i = 0; i < m; i++) key_f32(k, c0 + i, d, kf + i * d);
     int64_t padded = (m + KC_ALIGN - 1) / KC_ALIGN * KC_ALIGN;
     memset(kf + m * d, 0, (size_t)((padded - m) * d) * sizeof(float));
     return padded;
@@ -207,19 +263,47 @@ static void key_rows(const struct keys *k, int64_t s0, int kb, int64_t n, const 
                             : key_row(k, s0 + i);
 }
 
-/* Scores of bf16 keys [start, end) into score[start:end] with bf16 dot products, straight on the stored rows. */
+/* 32 e4m3 codes at p as bf16 values times 2^(e - 127) for the E8M0 byte e (255: NaN). A code shifted 7 bits up
+ * into a 16-bit lane (sign kept) is an fp16 of its value times 2^-8, subnormals included; vcvtph2ps widens it
+ * exactly, vscalefps multiplies by 2^(e - 127 + 8) in one rounding (exact but for results past fp32's range), and
+ * the bf16 rounding is exact (4 significant bits). The NaN codes (magnitude 0x7F) read 1.875 * 2^-8 that way:
+ * they are set to NaN. */
+static inline __m512i e4m3x32_bf16(const uint8_t *p, uint8_t e) {
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)p);
+    __m512i half = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
+                                    _mm512_set1_epi16((short)0xBF80));
+    __m512 power = _mm512_set1_ps(e == 255 ? NAN : (float)(e - 119));
+    __m512 lo = _mm512_scalef_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(half)), power);
+    __m512 hi = _mm512_scalef_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1)), power);
+    __m512i out = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    __mmask32 nan = _mm256_cmpeq_epi8_mask(_mm256_and_si256(bytes, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(0x7F));
+    return _mm512_mask_mov_epi16(out, nan, _mm512_set1_epi16(0x7FC0));
+}
+
+/* The rows of MXFP8 keys s0 .. s0+kb-1 (clamped to n-1) decoded into bf16 rows buf [kb][d] (e4m3x32_bf16: exact
+ * but for bf16 subnormals, which the bf16 dot products count as zero anyway). */
+static void e4m3_rows_bf16(const struct keys *k, int64_t s0, int kb, int64_t n, int64_t d, uint16_t *buf,
+                           const char **rows) {
+    for (int i = 0; i < kb; i++) {
+        const uint8_t *row = (const uint8_t *)key_row(k, s0 + i < n ? s0 + i : n - 1);
+        const uint8_t *sc = scale_row(k, s0 + i < n ? s0 + i : n - 1);
+        uint16_t *out = buf + i * d;
+        for (int64_t g = 0; g < d; g += MX_GROUP) _mm512_storeu_si512(out + g, e4m3x32_bf16(row + g, sc[g / MX_GROUP]));
+        rows[i] = (const char *)out;
+    }
+}
+
+/* Scores of bf16 keys [start, end) into score[start:end] with bf16 dot products, straight on the stored rows
+ * (MXFP8 keys: on kb rows at a time decoded into buf [KB_ONE][d] bf16). */
 static void score_range_bf16(const struct keys *k, const uint32_t *qp, const float *w, int64_t d, int64_t h,
-                             int64_t start, int64_t end, int64_t n, float *score) {
+                             int64_t start, int64_t end, int64_t n, uint16_t *buf, float *score) {
     int kb = h == VL ? KB_ONE : KB_MANY;
     for (int64_t s0 = start; s0 < end; s0 += kb) {
         const char *rows[KB_ONE];
-        key_rows(k, s0, kb, n, rows);
-        if (s0 + PF_KEYS < end) {
-            const char *ahead[KB_ONE];
-            key_rows(k, s0 + PF_KEYS, kb, n, ahead);
-            for (int i = 0; i < kb; i++)
-                for (int64_t off = 0; off < 2 * d; off += 64) __builtin_prefetch(ahead[i] + off, 0, 3);
-        }
+        if (k->dtype == E4M3) e4m3_rows_bf16(k, s0, kb, n, d, buf, rows);
+        else key_rows(k, s0, kb, n, rows);
+        for (int i = 0; s0 + PF_KEYS < end && i < kb; i++)
+            prefetch_key(k, s0 + PF_KEYS + i < n ? s0 + PF_KEYS + i : n - 1, d);
         vf tot[KB_ONE] = {{0}};
         for (int64_t hb = 0; hb < h; hb += MAX_NB * VL) {
             int nb = (int)((h - hb) / VL < MAX_NB ? (h - hb) / VL : MAX_NB);
@@ -340,14 +424,14 @@ static size_t thread_floats(int64_t d, int bf16_dot) {
 static void score_range(const struct keys *k, const void *qp, const float *w, int64_t d, int64_t h, int64_t start,
                         int64_t end, int64_t n, int bf16_dot, float *kf, float *score) {
 #ifdef AMX_TILES
-    if (bf16_dot && d % 32 == 0) {
+    if (bf16_dot && d % 32 == 0 && k->dtype == BF16) {
         score_range_amx(k, qp, w, d, h, start, end, n, kf, (uint16_t *)(kf + 16 * 4 * VL), score);
         return;
     }
 #endif
 #ifdef __AVX512BF16__
     if (bf16_dot) {
-        score_range_bf16(k, qp, w, d, h, start, end, n, score);
+        score_range_bf16(k, qp, w, d, h, start, end, n, (uint16_t *)(kf + 16 * 4 * VL), score);
         return;
     }
 #endif
@@ -394,12 +478,16 @@ static void row_query_free(struct row_query *rq) {
 }
 
 /* score[0:n] for query q [h][d] (contiguous, of type q_dtype: F32, BF16 or F16) with head weights w [h] (fp32),
- * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). bf16_dot: score bf16 keys with bf16 dot products (q
- * must hold bf16 values, d must be even; needs li_has_bf16_dot). Returns 0, or -1 when out of memory. */
+ * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). Keys of type dtype; E4M3 keys are MXFP8 with their scale
+ * rows (struct keys). bf16_dot: score bf16 or MXFP8 keys with bf16 dot products (q must hold bf16 values, d must be
+ * even; needs li_has_bf16_dot). Returns 0, -1 when out of memory, -2 for E4M3 keys without scales or with d not a
+ * multiple of MX_GROUP. */
 int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-               int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
-               int bf16_dot, int threads, float *score) {
-    struct keys k = {key, dtype, row_stride, block_stride, table, block_size};
+               int64_t block_size, const uint8_t *scale, int64_t scale_row, int64_t scale_block, int64_t n,
+               const void *q, int q_dtype, const float *w, int64_t h, int64_t d, int bf16_dot, int threads,
+               float *score) {
+    struct keys k = {key, dtype, row_stride, block_stride, table, block_size, scale, scale_row, scale_block};
+    if (dtype == E4M3 && (!scale || d % MX_GROUP)) return -2;
     struct row_query rq;
     if (row_query_init(&rq, q, q_dtype, w, h, d, bf16_dot)) return -1;
     int64_t hp = rq.hp, chunk = chunk_keys(n, threads), chunks = (n + chunk - 1) / chunk;
@@ -560,16 +648,17 @@ static int row_topk_parallel(const struct keys *k, const struct row_query *rq, i
  * enough work for a team and keys for the histograms, row_topk_parallel; else li_scores, then li_topk. Returns
  * li_topk's code (0; 1: equal scores at the cut), or -1 when out of memory. */
 int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-                int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
-                int bf16_dot, int threads, int64_t k, float *score, int32_t *idx, float *val) {
+                int64_t block_size, const uint8_t *scale, int64_t scale_row, int64_t scale_block, int64_t n,
+                const void *q, int q_dtype, const float *w, int64_t h, int64_t d, int bf16_dot, int threads,
+                int64_t k, float *score, int32_t *idx, float *val) {
     int64_t hp = (h + VL - 1) / VL * VL, with_next = k < n ? k + 1 : n;
     if (threads < 2 || n * hp * d < PARALLEL_MIN_MACS || n * with_next <= TOPK_SMALL) {
-        if (li_scores(key, dtype, row_stride, block_stride, table, block_size, n, q, q_dtype, w, h, d, bf16_dot,
-                      threads, score))
+        if (li_scores(key, dtype, row_stride, block_stride, table, block_size, scale, scale_row, scale_block, n, q,
+                      q_dtype, w, h, d, bf16_dot, threads, score))
             return -1;
         return li_topk(score, n, k, idx, val);
     }
-    struct keys keys = {key, dtype, row_stride, block_stride, table, block_size};
+    struct keys keys = {key, dtype, row_stride, block_stride, table, block_size, scale, scale_row, scale_block};
     struct row_query rq;
     if (row_query_init(&rq, q, q_dtype, w, h, d, bf16_dot)) return -1;
     int code = row_topk_parallel(&keys, &rq, d, n, bf16_dot, threads, k, score, idx, val);
@@ -585,7 +674,8 @@ int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_st
  * row t (1: equal scores straddle the cut, which the caller settles as torch.topk would). Returns 0, or -1 when
  * out of memory. */
 int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-                 int64_t block_size, const int64_t *limits, int64_t rows, const void *q, int q_dtype,
+                 int64_t block_size, const uint8_t *scale, int64_t scale_row, int64_t scale_block,
+                 const int64_t *limits, int64_t rows, const void *q, int q_dtype,
                  int64_t q_row_stride, const float *w, int64_t w_row_stride, int64_t h, int64_t d, int bf16_dot,
                  int threads, int64_t k, int32_t *idx, float *val, int32_t *tie) {
     int64_t most = 1, keys = 0, q_item = elem_bytes(q_dtype);
@@ -605,7 +695,8 @@ int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_s
                 if (limits[t] <= 0) tie[t] = 0;
                 continue;
             }
-            int code = li_row_topk(key, dtype, row_stride, block_stride, table, block_size, limits[t],
+            int code = li_row_topk(key, dtype, row_stride, block_stride, table, block_size, scale, scale_row,
+                                   scale_block, limits[t],
                                    (const char *)q + t * q_row_stride * q_item, q_dtype, w + t * w_row_stride, h, d,
                                    bf16_dot, 1, k, score, idx + t * k, val + t * k);
             failed |= code < 0;
@@ -623,12 +714,12 @@ int li_rows_topk(const void *key, int dtype, int64_t row_stride, int64_t block_s
  * the lengths [B] are int32 or int64 (lq64, lk64). */
 struct li_call_args {
     int64_t batch, s1, heads, dim, k, block_size, num_blocks, block_stride, q_batch, q_row, w_batch, w_row, key_row,
-        table_row;
+        table_row, scale_row, scale_block;
     int lq64, lk64, causal, key_dtype, q_dtype, bf16_dot;
 };
 
 enum { LI_OK = 0, LI_NO_MEMORY = 1, LI_BAD_QUERY_LENGTH = 2, LI_BAD_KEY_LENGTH = 3, LI_BAD_BLOCK_TABLE = 4,
-       LI_TIES = 5, LI_PADDED = 6 };
+       LI_TIES = 5, LI_PADDED = 6, LI_BAD_KEY_SCALE = 7 };
 
 static int64_t length_at(const void *lengths, int is64, int64_t b, int64_t otherwise) {
     if (!lengths) return otherwise;
@@ -639,6 +730,7 @@ static int64_t length_at(const void *lengths, int is64, int64_t b, int64_t other
  * the used block-table entries within [0, num_blocks); lq and lk get the lengths. */
 static int li_check_call(const struct li_call_args *a, const int32_t *table, const void *lq_len, const void *lk_len,
                          int64_t capacity, int64_t *lq, int64_t *lk) {
+    if (a->key_dtype == E4M3 && a->dim % MX_GROUP) return LI_BAD_KEY_SCALE;
     for (int64_t b = 0; b < a->batch; b++) {
         lq[b] = length_at(lq_len, a->lq64, b, a->s1);
         lk[b] = length_at(lk_len, a->lk64, b, capacity);
@@ -667,13 +759,15 @@ static int64_t row_limit(const struct li_call_args *a, int64_t lq, int64_t lk, i
     return limit < 0 ? 0 : (limit > lk ? lk : limit);
 }
 
-/* Where batch b's keys are under a call's layout: a BSND tensor's rows from its batch offset (key_batch values
- * apart), a paged cache's through the batch's block-table row. */
+/* Where batch b's keys (and an MXFP8 key's scales, `scale`: scale_batch bytes between batches of BSND scales) are
+ * under a call's layout: a BSND tensor's rows from its batch offset (key_batch values apart), a paged cache's
+ * through the batch's block-table row. */
 static struct keys batch_keys(const struct li_call_args *a, int64_t b, const void *key, int64_t key_batch,
-                              const int32_t *table) {
+                              const void *scale, int64_t scale_batch, const int32_t *table) {
     struct keys k = {(const char *)key + (table ? 0 : b * key_batch * elem_bytes(a->key_dtype)), a->key_dtype,
                      a->key_row, table ? a->block_stride : 0, table ? table + b * a->table_row : NULL,
-                     table ? a->block_size : 1};
+                     table ? a->block_size : 1, scale ? (const uint8_t *)scale + (table ? 0 : b * scale_batch) : NULL,
+                     a->scale_row, table ? a->scale_block : 0};
     return k;
 }
 
@@ -681,10 +775,10 @@ static struct keys batch_keys(const struct li_call_args *a, int64_t b, const voi
  * several; limits [lq] scratch. Returns 0, 1 when some row has equal scores at the cut (tie [lq]), -1 out of
  * memory. */
 static int li_batch(const struct li_call_args *a, int64_t b, const char *q, const float *w, const char *key,
-                    int64_t key_batch, const int32_t *table, int64_t lq, int64_t lk, int threads, float *scores,
+                    int64_t key_batch, const void *scale, int64_t scale_batch, const int32_t *table, int64_t lq, int64_t lk, int threads, float *scores,
                     int64_t *limits, int32_t *idx, float *val, int32_t *tie) {
     int64_t item = elem_bytes(a->q_dtype);
-    struct keys k = batch_keys(a, b, key, key_batch, table);
+    struct keys k = batch_keys(a, b, key, key_batch, scale, scale_batch, table);
     const char *qb = q + b * a->q_batch * item;
     const float *wb = w + b * a->w_batch;
     for (int64_t t = 0; t < lq; t++) {
@@ -694,12 +788,14 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
     }
     if (lq == 1) {
         if (limits[0] == 0) return 0;
-        int code = li_row_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, limits[0], qb,
+        int code = li_row_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, k.scale,
+                               k.scale_row, k.scale_block, limits[0], qb,
                                a->q_dtype, wb, a->heads, a->dim, a->bf16_dot, threads, a->k, scores, idx, val);
         tie[0] = code > 0;
         return code < 0 ? -1 : code > 0;
     }
-    if (li_rows_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, limits, lq, qb,
+    if (li_rows_topk(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, k.scale, k.scale_row,
+                     k.scale_block, limits, lq, qb,
                      a->q_dtype, a->q_row, wb, a->w_row, a->heads, a->dim, a->bf16_dot, threads, a->k, idx, val, tie))
         return -1;
     int any = 0;
@@ -710,15 +806,19 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
 /* One whole call of the op over every batch (the plan's entry): key_starts (int32 or int64 [B], or NULL) with a
  * start > 0 returns LI_PADDED before anything is written (the caller takes the padded rows' path); then the
  * checks (li_check_call), then every batch's rows, rows past a batch's query length set to -1 / -inf. capacity:
- * key positions (rows of BSND keys, blocks x block size of a paged cache); tie [B][S1]: rows with equal scores at the cut (LI_TIES: the caller settles them as torch.topk would). Returns
+ * key positions (rows of BSND keys, blocks x block size of a paged cache); tie [B][S1]: rows with equal scores at the
+ * cut (LI_TIES: the caller settles them as torch.topk would). MXFP8 keys (key_dtype E4M3) read their scale bytes at
+ * key_scale (scale_batch bytes between batches of BSND scales); without them, or with a dim that is not a multiple of
+ * MX_GROUP, the call returns LI_BAD_KEY_SCALE. Returns
  * LI_OK, LI_TIES, LI_PADDED, a failed check's code or LI_NO_MEMORY. */
 int li_call(const struct li_call_args *a, const void *q, const float *w, const void *key, int64_t key_batch,
-            const int32_t *table, const void *lq_len, const void *lk_len, const void *starts, int starts64,
+            const void *key_scale, int64_t scale_batch, const int32_t *table, const void *lq_len, const void *lk_len, const void *starts, int starts64,
             int64_t capacity, int threads, int32_t *idx, float *val, int32_t *tie) {
     for (int64_t b = 0; starts && b < a->batch; b++)
         if (length_at(starts, starts64, b, 0) != 0) return LI_PADDED;
     int64_t lq[a->batch], lk[a->batch];
-    int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
+    int status = a->key_dtype == E4M3 && !key_scale ? LI_BAD_KEY_SCALE
+                                                    : li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     if (status != LI_OK) return status;
     int64_t *limits = malloc((size_t)(a->s1 > 0 ? a->s1 : 1) * sizeof *limits);
     float *scores = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof *scores);   /* a decode row's scores */
@@ -730,7 +830,8 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
     int ties = 0;
     for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
         int64_t out = b * a->s1 * a->k;
-        int code = li_batch(a, b, q, w, key, key_batch, table, lq[b], lk[b], threads, scores, limits, idx + out,
+        int code = li_batch(a, b, q, w, key, key_batch, key_scale, scale_batch, table, lq[b], lk[b], threads, scores,
+                            limits, idx + out,
                             val + out, tie + b * a->s1);
         no_keys(a->k, lq[b], a->s1, idx + out, val + out);
         for (int64_t t = lq[b]; t < a->s1; t++) tie[b * a->s1 + t] = 0;
@@ -749,18 +850,20 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
  * puts them in the outputs. matrix and rows have room for batch * s1 rows. Returns the number of rows, or minus one
  * of li_call's codes. */
 int64_t li_tied_scores(const struct li_call_args *a, const void *q, const float *w, const void *key,
-                       int64_t key_batch, const int32_t *table, const void *lq_len, const void *lk_len,
+                       int64_t key_batch, const void *key_scale, int64_t scale_batch, const int32_t *table, const void *lq_len, const void *lk_len,
                        int64_t capacity, int threads, const int32_t *tie, float *matrix, int64_t *rows) {
     int64_t lq[a->batch], lk[a->batch], item = elem_bytes(a->q_dtype), count = 0;
-    int status = li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
+    int status = a->key_dtype == E4M3 && !key_scale ? LI_BAD_KEY_SCALE
+                                                    : li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
-        struct keys k = batch_keys(a, b, key, key_batch, table);
+        struct keys k = batch_keys(a, b, key, key_batch, key_scale, scale_batch, table);
         for (int64_t t = 0; t < lq[b] && status == LI_OK; t++) {
             if (!tie[b * a->s1 + t]) continue;
             int64_t n = row_limit(a, lq[b], lk[b], t);
             float *row = matrix + count * capacity;
             const char *qt = (const char *)q + (b * a->q_batch + t * a->q_row) * item;
-            if (li_scores(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, n, qt, a->q_dtype,
+            if (li_scores(k.base, k.dtype, k.row_stride, k.block_stride, k.table, k.block_size, k.scale, k.scale_row,
+                          k.scale_block, n, qt, a->q_dtype,
                           w + b * a->w_batch + t * a->w_row, a->heads, a->dim, a->bf16_dot, threads, row))
                 status = LI_NO_MEMORY;
             for (int64_t s = n; s < capacity; s++) row[s] = -INFINITY;
