@@ -3,7 +3,9 @@
 `quant="dsa"` is the policy DeepSeek-V3.2 ships with:
 - projections stay in the model's dtype (BF16 in the released model: its lossless representation);
 - the lightning indexer scores MXFP8 query and key (float8_e4m3fn, one E8M0 scale per 32 values along D);
-- the KV cache that sparse attention reads is FP8 (e4m3) with one fp32 scale per token, head and 128 values.
+- the KV cache that sparse attention reads is FP8 (e4m3) with one fp32 scale per token, head and 128 values;
+  a cache that stores its RoPE key in FP8 too (one fp32 scale per token over the rope dim: the reference model's
+  FP8 cache does) hands it to sparse attention as stored.
 `quant="none"` quantizes nothing. `quant.indexer` ("none" | "mxfp8"), `quant.kv` ("none" | "fp8_block128") and
 `quant.scale_fmt` ("fp32" | "ue8m0", the KV scales) override the mode part by part.
 """
@@ -58,11 +60,13 @@ def indexer_entry(node_name: str, tensor: str, where: str, padded_from: int | No
     return entry
 
 
-def kv_entry(node_name: str, tensor: str, where: str, scale_fmt: str, padded_from: int | None = None
-             ) -> dict[str, Any]:
-    """One `quantized` record of an FP8 block-128 KV operand."""
-    entry = {"op": "sparse_flash_attention", "node": node_name, "tensor": tensor, "format": "fp8_e4m3_block128",
-             "group": KV_TILE, "scale": scale_fmt, "where": where}
+def kv_entry(node_name: str, tensor: str, where: str, scale_fmt: str, padded_from: int | None = None,
+             group: int = KV_TILE) -> dict[str, Any]:
+    """One `quantized` record of an FP8 KV operand: block-128 key and value, or a RoPE key with one scale per
+    token (`group`: its rope dim)."""
+    form = "fp8_e4m3_block128" if group == KV_TILE else f"fp8_e4m3_block{group}"
+    entry = {"op": "sparse_flash_attention", "node": node_name, "tensor": tensor, "format": form,
+             "group": group, "scale": scale_fmt, "where": where}
     if padded_from is not None:
         entry["padded_from"] = padded_from
     return entry

@@ -3,7 +3,9 @@
 - `lightning_indexer`: query and key become MXFP8 through explicit `ascend_dsa.dynamic_mx_quant` nodes whose
   codes and E8M0 scales feed the op (query/key + query_scale/key_scale).
 - `sparse_flash_attention`: key and value become FP8 block-128 through `ascend_dsa.dynamic_block_quant`
-  (key_scale/value_scale); one quantization serves both when value is the key (MLA's latent).
+  (key_scale/value_scale); one quantization serves both when value is the key (MLA's latent). A RoPE key the
+  cache stores as FP8 (one fp32 scale per token over the rope dim) is passed as codes and key_rope_scale; a float
+  one stays as it is.
 An operand that is already a stored quantized cache read through `dequant_mx` / `dequant_block` (the
 reference model's cache built with kv_dtype=float8_e4m3fn) is passed as its codes and scales: the op reads
 FP8 directly and the whole-cache dequantization disappears; the quantization then lives in the cache write.
@@ -111,6 +113,16 @@ def _slice_output(graph: torch.fx.Graph, node: torch.fx.Node, width: int) -> Non
             user.replace_all_uses_with(kept, delete_user_cb=lambda n, kept=kept: n is not kept)
 
 
+def _stored_rope(bound: dict[str, Any], node_name: str, scale_fmt: str) -> list[dict[str, Any]]:
+    """The RoPE key as the op's codes and key_rope_scale when it reads a stored FP8 cache (one scale per token)."""
+    rope = bound.get("key_rope")
+    stored = None if rope is None else _stored(rope, ops.dequant_block.default, val(rope).shape[-1])
+    if stored is None:
+        return []
+    bound["key_rope"], bound["key_rope_scale"] = stored
+    return [kv_entry(node_name, "key_rope", "stored cache", scale_fmt, group=val(rope).shape[-1])]
+
+
 def _quant_kv(graph: torch.fx.Graph, node: torch.fx.Node, scale_fmt: str) -> list[dict[str, Any]]:
     bound = _bind(node)
     key, value = bound["key"], bound["value"]
@@ -128,6 +140,7 @@ def _quant_kv(graph: torch.fx.Graph, node: torch.fx.Node, scale_fmt: str) -> lis
         entries.append(kv_entry(node.name, "value", where, scale_fmt, padded))
         if padded is not None:
             bound["query"] = _pad_last(graph, bound["query"], KV_TILE)
+        entries += _stored_rope(bound, node.name, scale_fmt)
     _rebind(node, bound)
     if padded is not None:
         _slice_output(graph, node, width)

@@ -5,9 +5,9 @@ layer's sizes alone — never from a measurement:
 - `weights`: every weight matrix the step uses is read once; each multiplies every token (2 flops a weight a token).
 - `indexer`: the lightning indexer reads every visible key (bf16: 2 bytes a dim; FP8: 1 byte a dim and one E8M0
   scale per 32) and scores it against its 64 heads x 128 dims (2 flops each).
-- `attention`: DSA reads at most `index_topk` latent + RoPE rows per query; dense MLA reads every visible row. Each
-  row read costs 2 flops per head and dim for the logits (latent + RoPE) and 2 per head and latent dim for the
-  probability-weighted sum.
+- `attention`: DSA reads at most `index_topk` latent + RoPE rows per query (FP8: each with its fp32 scales); dense
+  MLA reads every visible row. Each row read costs 2 flops per head and dim for the logits (latent + RoPE) and 2
+  per head and latent dim for the probability-weighted sum.
 The floor of a step is max(total bytes / bandwidth, total flops / GEMM rate): what the machine cannot beat even
 with the memory-bound and the compute-bound parts overlapped. `op_floor_sum` adds the per-operation floors, the
 floor of the same work run one operation after another.
@@ -58,7 +58,7 @@ def cache_row_bytes(config: HybridConfig, fp8: bool) -> dict[str, int]:
     """Stored bytes per token of the latent (with its scales), RoPE key and indexer key (with its scales)."""
     if fp8:
         return {"latent": config.kv_lora_rank + 4 * (config.kv_lora_rank // KV_TILE),
-                "k_rope": 2 * config.qk_rope_head_dim,
+                "k_rope": config.qk_rope_head_dim + 4,
                 "index_k": config.index_head_dim + config.index_head_dim // MX_GROUP}
     return {"latent": 2 * config.kv_lora_rank, "k_rope": 2 * config.qk_rope_head_dim,
             "index_k": 2 * config.index_head_dim}

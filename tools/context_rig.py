@@ -3,8 +3,9 @@ row's execution, its caches at a given context, and the FP8 indexer's top-k over
 
 Rows: dense MLA (`dense_*`, no indexer) and DSA (`dsa_*`) in eager and under Inductor, DSA under ascend_dsa
 (`ascend_dsa`) and under ascend_dsa with the FP8 quant policy (`ascend_dsa_fp8`, quant="dsa": FP8 latent cache
-with block-128 scales, MXFP8 indexer keys). Every compiled row calls the layer from a code object of its own
-(Dynamo keeps compiled entries per code object; sharing one would make each row check the others' guards).
+with block-128 scales, FP8 RoPE key with one scale per token, MXFP8 indexer keys). Every compiled row calls the
+layer from a code object of its own (Dynamo keeps compiled entries per code object; sharing one would make each row
+check the others' guards).
 """
 from __future__ import annotations
 

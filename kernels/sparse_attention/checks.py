@@ -36,14 +36,19 @@ def check_scale(scale_value: float) -> None:
                          f"1 / sqrt(head dim)")
 
 
-def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope: Tensor | None) -> None:
+def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope: Tensor | None,
+                key_rope_scale: Tensor | None) -> None:
     require((query_rope is None) == (key_rope is None),
             f"{OP}: `query_rope` and `key_rope` go together; pass both or neither")
     if query_rope is None:
+        require(key_rope_scale is None, f"{OP}: `key_rope_scale` is only used with a float8_e4m3fn `key_rope`")
         return
-    for name, t in (("query_rope", query_rope), ("key_rope", key_rope)):
-        require_rank(OP, name, t, 4)
-        require_dtype(OP, name, t, FLOAT_DTYPES)
+    require_rank(OP, "query_rope", query_rope, 4)
+    require_dtype(OP, "query_rope", query_rope, FLOAT_DTYPES)
+    require_rank(OP, "key_rope", key_rope, 4)
+    require_dtype(OP, "key_rope", key_rope, KV_DTYPES)
+    rope_scales = ScaleForm(key_rope.shape[3], (torch.float32,), "fp32, one scale per token over Dr", "Dr")
+    check_fp8_scale(OP, key_rope, key_rope_scale, "key_rope", "key_rope_scale", rope_scales)
     require_same(OP, "leading dims [B,S1,N1] of `query_rope` and `query`", tuple(query_rope.shape[:3]),
                  tuple(query.shape[:3]))
     require_same(OP, "leading dims of `key_rope` and `key`", tuple(key_rope.shape[:3]), tuple(key.shape[:3]))
@@ -55,7 +60,7 @@ def check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
                   actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
                   query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
                   value_scale: Tensor | None, sparse_block_size: int, layout_query: str, layout_kv: str,
-                  sparse_mode: int) -> None:
+                  sparse_mode: int, key_rope_scale: Tensor | None = None) -> None:
     """Checks on ranks, shapes, dtypes and options: nothing here reads tensor data (safe in the fake), so a
     signature that passed once is not checked again (checks.once_per_signature)."""
     require_choice(OP, "layout_query", layout_query, LAYOUTS_QUERY)
@@ -77,7 +82,7 @@ def check_static(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
     require_same(OP, "leading dims of `sparse_indices` and [B,S1,1] of `query`", tuple(sparse_indices.shape[:3]),
                  (batch, s1, 1))
     require(sparse_indices.shape[3] > 0, f"{OP}: `sparse_indices` selects no keys (last dim is 0)")
-    _check_rope(query, key, query_rope, key_rope)
+    _check_rope(query, key, query_rope, key_rope, key_rope_scale)
     check_fp8_scale(OP, key, key_scale, "key", "key_scale", KV_SCALES)
     check_fp8_scale(OP, value, value_scale, "value", "value_scale", KV_SCALES)
     check_key_layout(OP, key, block_table, layout_kv, "layout_kv", batch)

@@ -114,8 +114,8 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
     def plan(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
              block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
              actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
-             key_scale: Tensor | None, value_scale: Tensor | None,
-             key_starts: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+             key_scale: Tensor | None, value_scale: Tensor | None, key_starts: Tensor | None,
+             key_rope_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         idx, table = as_int(sparse_indices, idx_dtype), as_int(block_table, table_dtype)
         q, q_rope = _as_rows(query), _as_rows(query_rope)
         starts = None if key_starts is None else as_int(key_starts, int_dtype(key_starts))
@@ -142,6 +142,7 @@ def native_plan(entry: ctypes._CFuncPtr, query: Tensor, key: Tensor, value: Tens
                              "actual_seq_lengths_kv")
             raise ValueError(f"{OP}: `{_BAD_DATA[status]}` holds a value out of range")
         return full_path(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
-                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
+                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts,
+                         key_rope_scale)
 
     return plan

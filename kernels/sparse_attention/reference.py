@@ -27,13 +27,14 @@ def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, 
                                      actual_seq_lengths_query: Tensor | None = None,
                                      actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,
                                      key_rope: Tensor | None = None, key_scale: Tensor | None = None,
-                                     value_scale: Tensor | None = None, *, sparse_block_size: int = 1,
-                                     layout_query: str = "BSND", layout_kv: str = "BSND", sparse_mode: int = 3,
-                                     return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                                     value_scale: Tensor | None = None, key_rope_scale: Tensor | None = None, *,
+                                     sparse_block_size: int = 1, layout_query: str = "BSND", layout_kv: str = "BSND",
+                                     sparse_mode: int = 3, return_softmax_lse: bool = False
+                                     ) -> tuple[Tensor, Tensor, Tensor]:
     """The definition, one query token at a time in fp32: list its positions, softmax over their logits."""
     check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                   query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
-                  sparse_mode)
+                  sparse_mode, key_rope_scale)
     check_scale(scale_value)
     check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
@@ -44,7 +45,7 @@ def reference_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, 
     for b in range(query.shape[0]):
         k = _dense_rows(key, key_scale, block_table, b, lkv[b])
         v = _dense_rows(value, value_scale, block_table, b, lkv[b])
-        kr = None if key_rope is None else _dense_rows(key_rope, None, block_table, b, lkv[b])
+        kr = None if key_rope is None else _dense_rows(key_rope, key_rope_scale, block_table, b, lkv[b])
         for t in range(lq[b]):
             limit = visible_keys(t, lq[b], lkv[b], sparse_mode)
             pos = torch.tensor(reference_positions(sparse_indices[b, t, 0].tolist(), sparse_block_size, limit),

@@ -36,7 +36,9 @@ value row reaches the attention_out of every head that reads it (inf · 0 is NaN
 logit's fp32 sum comes within rounding of overflow (|logit| near 3.4e38), whether it overflows depends on the order
 of additions, which differs between the paths.
 fp8 KV. key/value may be float8_e4m3fn with key_scale/value_scale fp32 of shape [..., Dl/128]: each tile of
-128 values of a token is multiplied by its scale. key_rope stays in a float dtype.
+128 values of a token is multiplied by its scale. key_rope may be float8_e4m3fn too, with key_rope_scale fp32 of
+shape [..., 1]: one scale per token over its Dr values (an fp8 cache of DeepSeek-V3.2's sizes then holds 512 + 16
+bytes of latent and 64 + 4 of RoPE key per token, against 1024 + 128 in bf16).
 
 Fast CPU path: the native kernel (kernels/sparse_attention/native.py) whenever it loads and reads the KV rows; otherwise
 scaled fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
@@ -67,7 +69,7 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
                  block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
                  actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
                  key_scale: Tensor | None, value_scale: Tensor | None, sparse_block_size: int,
-                 sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+                 sparse_mode: int, key_rope_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     check_data(sparse_indices)
     lq, lkv = sequence_lengths(OP, query, key, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                                "actual_seq_lengths_kv")
@@ -80,7 +82,7 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
     for b in range(query.shape[0]):
         if lq[b] == 0 or (kernel is not None and sfa_native.native_batch(kernel, args, b, lq[b], lkv[b], outs)):
             continue
-        readers = readers or kv_readers(key, value, key_rope, key_scale, value_scale, block_table)
+        readers = readers or kv_readers(key, value, key_rope, key_scale, value_scale, block_table, key_rope_scale)
         if sfa_native.rows_read(indices, sparse_block_size, lq[b], lkv[b]) >= lkv[b] and \
                 sfa_native.native_dequantized(readers, args, b, lq[b], lkv[b], outs):
             continue
@@ -98,21 +100,23 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            block_table: Tensor | None = None, actual_seq_lengths_query: Tensor | None = None,
                            actual_seq_lengths_kv: Tensor | None = None, query_rope: Tensor | None = None,
                            key_rope: Tensor | None = None, key_scale: Tensor | None = None,
-                           value_scale: Tensor | None = None, key_starts: Tensor | None = None, *,
-                           sparse_block_size: int = 1, layout_query: str = "BSND", layout_kv: str = "BSND",
-                           sparse_mode: int = 3, return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                           value_scale: Tensor | None = None, key_starts: Tensor | None = None,
+                           key_rope_scale: Tensor | None = None, *, sparse_block_size: int = 1,
+                           layout_query: str = "BSND", layout_kv: str = "BSND", sparse_mode: int = 3,
+                           return_softmax_lse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Attention over the selected KV rows; see the module docstring (and kernels/indexer/key_windows.py for
     `key_starts`). Returns (attention_out [B,S1,N1,Dl] in query's dtype, softmax_max fp32 [B,S1,N1], softmax_sum
     fp32 [B,S1,N1]). The path is decided once per signature (kernels/sparse_attention/plan.py)."""
     if static_checks_needed():
         check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
-                      layout_query, layout_kv, sparse_mode)
+                      layout_query, layout_kv, sparse_mode, key_rope_scale)
         check_starts(OP, key_starts, query.shape[0])
         check_scale(scale_value)
     return _sparse_flash_attention_cpu(query, key, value, sparse_indices, scale_value, block_table,
                                        actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope,
-                                       key_scale, value_scale, key_starts, sparse_block_size, sparse_mode)
+                                       key_scale, value_scale, key_starts, sparse_block_size, sparse_mode,
+                                       key_rope_scale)
 
 
 def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor,
@@ -120,18 +124,20 @@ def _sparse_flash_attention_cpu(query: Tensor, key: Tensor, value: Tensor, spars
                                 actual_seq_lengths_query: Tensor | None, actual_seq_lengths_kv: Tensor | None,
                                 query_rope: Tensor | None, key_rope: Tensor | None, key_scale: Tensor | None,
                                 value_scale: Tensor | None, key_starts: Tensor | None, sparse_block_size: int,
-                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+                                sparse_mode: int, key_rope_scale: Tensor | None = None
+                                ) -> tuple[Tensor, Tensor, Tensor]:
     """The op's CPU work after its static checks: the plan of the call's signature, or the full path (which
     stores one)."""
     args = (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
-            actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts)
+            actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, key_starts, key_rope_scale)
     if key_starts is not None:
         check_start_values(OP, key_starts, key.shape[1] * (1 if block_table is None else block_table.shape[1]))
     # a paged cache keeps its shape; BSND key, value and key_rope grow by a row per decode step: the plan reads
     # their length at each call, the signature keeps only what the dispatch class reads of it (native_class)
     kv_key = call_plans.tensor_key if block_table is not None else call_plans.growing_key
     signature = (*map(call_plans.tensor_key, (query, sparse_indices, block_table, actual_seq_lengths_query,
-                                              actual_seq_lengths_kv, query_rope, key_scale, value_scale, key_starts)),
+                                              actual_seq_lengths_kv, query_rope, key_scale, value_scale, key_starts,
+                                              key_rope_scale)),
                  *map(kv_key, (key, value, key_rope)), min(sparse_block_size, key.shape[1]), sparse_block_size,
                  sparse_mode)
     plan = _PLANS.get(signature)
@@ -166,13 +172,14 @@ def _first_call(args: tuple, signature: tuple, sparse_block_size: int, sparse_mo
 def _full_path(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_value: float,
                block_table: Tensor | None, actual_seq_lengths_query: Tensor | None,
                actual_seq_lengths_kv: Tensor | None, query_rope: Tensor | None, key_rope: Tensor | None,
-               key_scale: Tensor | None, value_scale: Tensor | None, key_starts: Tensor | None, *,
-               sparse_block_size: int, sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+               key_scale: Tensor | None, value_scale: Tensor | None, key_starts: Tensor | None,
+               key_rope_scale: Tensor | None = None, *, sparse_block_size: int, sparse_mode: int
+               ) -> tuple[Tensor, Tensor, Tensor]:
     if has_padding(key_starts):
         sparse_indices = drop_padding(sparse_indices, key_starts, sparse_block_size)
     return _batches_cpu(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                         actual_seq_lengths_kv, query_rope, key_rope, key_scale, value_scale, sparse_block_size,
-                        sparse_mode)
+                        sparse_mode, key_rope_scale)
 
 
 def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *args: object,
@@ -190,12 +197,12 @@ def native_class(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
 @sparse_flash_attention.register_fake
 def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value, block_table=None,
                                  actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
-                                 key_rope=None, key_scale=None, value_scale=None, key_starts=None, *,
-                                 sparse_block_size=1, layout_query="BSND", layout_kv="BSND", sparse_mode=3,
-                                 return_softmax_lse=False):
+                                 key_rope=None, key_scale=None, value_scale=None, key_starts=None,
+                                 key_rope_scale=None, *, sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
+                                 sparse_mode=3, return_softmax_lse=False):
     check_static(query, key, value, sparse_indices, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
                   query_rope, key_rope, key_scale, value_scale, sparse_block_size, layout_query, layout_kv,
-                  sparse_mode)
+                  sparse_mode, key_rope_scale)
     check_starts(OP, key_starts, query.shape[0])
     check_scale(scale_value)
     batch, s1, n1 = query.shape[:3]

@@ -12,7 +12,6 @@ from torch import Tensor
 
 from npu_graph.kernels.indexer.checks import visible_keys
 from npu_graph.kernels.indexer.keys import KeyReader, fp8_e4m3_to_float, linear, onednn_bf16
-from npu_graph.kernels.sparse_attention.checks import KV_TILE
 
 # Gathered value rows x latent dim from which P·V goes through oneDNN (bf16 where _bf16_values allows, else
 # fp32 linear on the transposed view, ~1.5x torch.mm at 2048 rows); below it torch.mm's ~18 us lower call
@@ -21,11 +20,12 @@ LARGE_PV_ELEMS = 1 << 17
 
 
 def dequantize_tiles(x: Tensor, scale: Tensor | None) -> Tensor:
-    """fp32 values of KV rows; fp8 codes times their per-token, per-128-tile fp32 scale."""
+    """fp32 values of KV rows; fp8 codes times their per-token, per-tile fp32 scale (tiles of 128 values for key
+    and value, one tile of Dr for key_rope: as many tiles as the scale's last dim holds)."""
     if scale is None:
         return x.float()
-    tiles = x.shape[-1] // KV_TILE
-    value = fp8_e4m3_to_float(x).unflatten(-1, (tiles, KV_TILE))
+    tiles = scale.shape[-1]
+    value = fp8_e4m3_to_float(x).unflatten(-1, (tiles, x.shape[-1] // tiles))
     return value.mul_(scale.float().unsqueeze(-1)).flatten(-2)
 
 
@@ -43,11 +43,13 @@ def same_tensor(a: Tensor | None, b: Tensor | None) -> bool:
 
 
 def kv_readers(key: Tensor, value: Tensor, key_rope: Tensor | None, key_scale: Tensor | None,
-             value_scale: Tensor | None, block_table: Tensor | None) -> Readers:
+             value_scale: Tensor | None, block_table: Tensor | None, key_rope_scale: Tensor | None = None) -> Readers:
+    """Readers of the KV rows a token selects; fp8 rows (and their scales) are decoded as they are gathered."""
     keys = KeyReader(key, key_scale, block_table, dequantize_tiles, "sfa/key")
     shared = same_tensor(key, value) and same_tensor(key_scale, value_scale)
     values = None if shared else KeyReader(value, value_scale, block_table, dequantize_tiles, "sfa/value")
-    rope = None if key_rope is None else KeyReader(key_rope, None, block_table, dequantize_tiles, "sfa/rope")
+    rope = None if key_rope is None else KeyReader(key_rope, key_rope_scale, block_table, dequantize_tiles,
+                                                   "sfa/rope")
     return Readers(keys, values, rope)
 
 

@@ -11,11 +11,14 @@ position from it (never a Python int), so one compiled decode graph serves every
 All stores go through `write` (in place, `index_put_`) and all loads through `read_all` / `read_rows`, which
 cast between the storage dtype `kv_dtype` and the compute dtype: a quantized cache changes only these three.
 
-`kv_dtype=torch.float8_e4m3fn` stores what DeepSeek-V3.2 stores: the latent as FP8 with one fp32 scale per
-token and 128 values (`ascend_dsa.dynamic_block_quant`, in `latent_scale`), the indexer key as MXFP8 with one
-E8M0 scale per 32 values (`ascend_dsa.dynamic_mx_quant`; the scale bytes are kept as uint8 in
-`index_k_scale`, since index_put_ has no E8M0 kernel), and the RoPE key in bf16. Writes quantize; reads
-dequantize the whole paged tensor and then gather, so a fused op can be handed the stored codes instead.
+`kv_dtype=torch.float8_e4m3fn` stores the latent as FP8 with one fp32 scale per token and 128 values
+(`ascend_dsa.dynamic_block_quant`, in `latent_scale`) and the indexer key as MXFP8 with one E8M0 scale per 32
+values (`ascend_dsa.dynamic_mx_quant`; the scale bytes are kept as uint8 in `index_k_scale`, since index_put_
+has no E8M0 kernel), as DeepSeek-V3.2 does, and the RoPE key as FP8 too, with one fp32 scale per token over its
+qk_rope_head_dim values (`k_rope_scale`), where DeepSeek-V3.2 keeps it in bf16: 64 + 4 bytes instead of 128, which
+brings a token of its sizes to 728 bytes against bf16's 1408 (0.52x; a bf16 RoPE key leaves 788, 0.56x). Its
+error is e4m3's, as the latent's (relative 2^-4 a value at most), on a part of the logits only. Writes quantize;
+reads dequantize the whole paged tensor and then gather, so a fused op can be handed the stored codes instead.
 
 KDA layers keep the recurrent state `[B, H, K, V]` (fp32) and the short-convolution window
 `[B, 3*H*K, conv_kernel-1]`, both updated in place; with `slots` (kda_slots.py, set by a speculative decode loop)
@@ -49,6 +52,7 @@ class DSALayerCache:
     index_k: torch.Tensor
     latent_scale: torch.Tensor | None = None
     index_k_scale: torch.Tensor | None = None
+    k_rope_scale: torch.Tensor | None = None
 
 
 class HybridCache:
@@ -91,10 +95,11 @@ class HybridCache:
             raise ValueError(f"HybridCache: an FP8 cache needs kv_lora_rank a multiple of {KV_TILE} and "
                              f"index_head_dim a multiple of {MX_GROUP}; got {cfg.kv_lora_rank} and "
                              f"{cfg.index_head_dim}. Use kv_dtype=torch.bfloat16 or float32 for this config")
-        return DSALayerCache(paged(cfg.kv_lora_rank, FP8), paged(cfg.qk_rope_head_dim, torch.bfloat16),
+        return DSALayerCache(paged(cfg.kv_lora_rank, FP8), paged(cfg.qk_rope_head_dim, FP8),
                              paged(cfg.index_head_dim, FP8),
                              latent_scale=paged(cfg.kv_lora_rank // KV_TILE, torch.float32),
-                             index_k_scale=paged(cfg.index_head_dim // MX_GROUP, torch.uint8))
+                             index_k_scale=paged(cfg.index_head_dim // MX_GROUP, torch.uint8),
+                             k_rope_scale=paged(1, torch.float32))
 
     def bytes_per_token(self) -> dict[str, int]:
         """Stored bytes per token and DSA layer: the latent KV (with its scales), RoPE key and indexer key."""
@@ -105,7 +110,8 @@ class HybridCache:
         def row(t: torch.Tensor | None) -> int:
             return 0 if t is None else t.shape[-1] * t.element_size()
 
-        return {"latent": row(layer.latent) + row(layer.latent_scale), "k_rope": row(layer.k_rope),
+        return {"latent": row(layer.latent) + row(layer.latent_scale),
+                "k_rope": row(layer.k_rope) + row(layer.k_rope_scale),
                 "index_k": row(layer.index_k) + row(layer.index_k_scale)}
 
     def positions(self, num_tokens: int) -> torch.Tensor:
@@ -156,7 +162,7 @@ class HybridCache:
         generator = torch.Generator().manual_seed(seed)
         for layer in self.layers:
             if isinstance(layer, DSALayerCache):
-                for paged, scale in ((layer.latent, layer.latent_scale), (layer.k_rope, None),
+                for paged, scale in ((layer.latent, layer.latent_scale), (layer.k_rope, layer.k_rope_scale),
                                      (layer.index_k, layer.index_k_scale)):
                     for start in range(0, length, SYNTHETIC_CHUNK):     # fp32 rows of a chunk at a time
                         stop = min(start + SYNTHETIC_CHUNK, length)
@@ -170,9 +176,10 @@ class HybridCache:
 
 
 def _quantize(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scales) of `values` in the format of the stored `scale`: fp32 -> FP8 block-128, uint8 -> MXFP8."""
+    """(codes, scales) of `values` in the format of the stored `scale`: fp32 -> FP8 with one scale per tile (128
+    values of the latent, the whole RoPE key), uint8 -> MXFP8."""
     if scale.dtype == torch.float32:
-        return torch.ops.ascend_dsa.dynamic_block_quant(values.float(), block_size=KV_TILE)
+        return torch.ops.ascend_dsa.dynamic_block_quant(values.float(), block_size=_tile(values, scale))
     codes, exponents = torch.ops.ascend_dsa.dynamic_mx_quant(values.float(), block_size=MX_GROUP)
     return codes, exponents.view(torch.uint8)
 
@@ -182,5 +189,10 @@ def _dequantize(paged: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor
     if scale is None:
         return paged
     if scale.dtype == torch.float32:
-        return torch.ops.ascend_dsa.dequant_block(paged, scale, block_size=KV_TILE)
+        return torch.ops.ascend_dsa.dequant_block(paged, scale, block_size=_tile(paged, scale))
     return torch.ops.ascend_dsa.dequant_mx(paged, scale.view(torch.float8_e8m0fnu), block_size=MX_GROUP)
+
+
+def _tile(values: torch.Tensor, scale: torch.Tensor) -> int:
+    """Values per fp32 scale of a block-quantized paged tensor."""
+    return values.shape[-1] // scale.shape[-1]

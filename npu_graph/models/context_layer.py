@@ -72,7 +72,7 @@ def dense_mla(attn: DSAAttention, x: torch.Tensor, positions: torch.Tensor, cach
     layer = cache.layers[attn.layer_idx]
     _, q_latent, q_rope = attn.project(x, positions, cache, layer)
     latent = cache.read_all(layer.latent, dtype=q_latent.dtype, scale=layer.latent_scale)
-    k_rope = cache.read_all(layer.k_rope, dtype=q_latent.dtype)
+    k_rope = cache.read_all(layer.k_rope, dtype=q_latent.dtype, scale=layer.k_rope_scale)
     scores = (torch.einsum("bthc,bsc->bhts", q_latent, latent)
               + torch.einsum("bthr,bsr->bhts", q_rope, k_rope)) * attn.softmax_scale
     hidden = ~causal_visible(positions, latent.shape[1]).unsqueeze(1)

@@ -159,7 +159,7 @@ class DSAAttention(nn.Module):
         latent = self.kv_norm(latent)
         k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, interleaved=True).to(x.dtype)
         cache.write(layer.latent, positions, latent.unsqueeze(2), layer.latent_scale)
-        cache.write(layer.k_rope, positions, k_rope)
+        cache.write(layer.k_rope, positions, k_rope, layer.k_rope_scale)
         w_uk = self._absorbed_weights()[0]
         return qr, torch.einsum("bthd,hdc->bthc", q_nope, w_uk), q_rope
 
@@ -189,7 +189,7 @@ class DSAAttention(nn.Module):
                  positions: torch.Tensor, cache: HybridCache, layer: DSALayerCache) -> torch.Tensor:
         """Dense attention over the whole cache under the indexer's sparse mask; returns `[B, T, H, C]`."""
         latent = cache.read_all(layer.latent, dtype=q_latent.dtype, scale=layer.latent_scale)
-        k_rope = cache.read_all(layer.k_rope, dtype=q_latent.dtype)
+        k_rope = cache.read_all(layer.k_rope, dtype=q_latent.dtype, scale=layer.k_rope_scale)
         scores = (torch.einsum("bthc,bsc->bhts", q_latent, latent)
                   + torch.einsum("bthr,bsr->bhts", q_rope, k_rope)) * self.softmax_scale
         batch, seq, num_keys = topk.shape[0], topk.shape[1], latent.shape[1]
@@ -210,7 +210,7 @@ class DSAAttention(nn.Module):
         batch, seq, count = topk.shape
         selected = topk.reshape(batch, seq * count)      # the sequence's own blocks hold all its tokens' rows
         latent = cache.read_rows(layer.latent, selected, dtype=q_latent.dtype, scale=layer.latent_scale)
-        k_rope = cache.read_rows(layer.k_rope, selected, dtype=q_latent.dtype)
+        k_rope = cache.read_rows(layer.k_rope, selected, dtype=q_latent.dtype, scale=layer.k_rope_scale)
         latent, k_rope = latent.view(batch, seq, count, -1), k_rope.view(batch, seq, count, -1)
         scores = (torch.einsum("bthc,btkc->bthk", q_latent, latent)
                   + torch.einsum("bthr,btkr->bthk", q_rope, k_rope)) * self.softmax_scale

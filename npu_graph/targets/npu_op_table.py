@@ -58,13 +58,16 @@ def _sparse_flash_attention(lo: Lowering, a: dict[str, Any]) -> Emission | str:
     if a["key_scale"] is not None:
         key = _dequant(lo, key, a["key_scale"], "dequant_block", 128)
         value = key if a["value"] is a["key"] else _dequant(lo, value, a["value_scale"], "dequant_block", 128)
+    key_rope = a["key_rope"]
+    if a.get("key_rope_scale") is not None:     # one scale per token over the rope dim
+        key_rope = _dequant(lo, key_rope, a["key_rope_scale"], "dequant_block", key_rope.meta["val"].shape[-1])
     args = [lo.tensor(x, dtype, _HALF) for x in (a["query"], key, value)]
     args += [lo.tensor(a["sparse_indices"], torch.int32, _INT32), lo.value(a["scale_value"])]
     lse = bool(a["return_softmax_lse"]) or bool(used_outputs(lo.node) & {1, 2})
     kwargs = {"block_table": lo.tensor(a["block_table"], torch.int32, _INT32),
               **_lengths(lo, a, "actual_seq_lengths_query", "actual_seq_lengths_kv"),
               "query_rope": lo.tensor(a["query_rope"], dtype, _HALF),
-              "key_rope": lo.tensor(a["key_rope"], dtype, _HALF),
+              "key_rope": lo.tensor(key_rope, dtype, _HALF),
               "sparse_block_size": a["sparse_block_size"], "layout_query": a["layout_query"],
               "layout_kv": a["layout_kv"], "sparse_mode": a["sparse_mode"], "attention_mode": 2,
               "return_softmax_lse": lse}

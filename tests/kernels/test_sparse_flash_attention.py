@@ -191,6 +191,50 @@ def test_fp8_kv_equals_dequantized():
 
 
 @pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_fp8_rope_key_equals_dequantized(paged, tokens):
+    """An FP8 RoPE key with one fp32 scale per token (key_rope_scale [..., 1]), beside an FP8 latent: the same
+    outputs as the dequantized rope key, on the per-row path (one token) and the prefill's (twelve)."""
+    q, kv, qr, kr = make_inputs(2, tokens, 4, 256, 64, 80, torch.bfloat16, seed=16)
+    codes, scale = torch.ops.ascend_dsa.dynamic_block_quant(kv.float(), block_size=128)
+    rope_codes, rope_scale = torch.ops.ascend_dsa.dynamic_block_quant(kr.float(), block_size=64)
+    rope = torch.ops.ascend_dsa.dequant_block(rope_codes, rope_scale, block_size=64)
+    idx = random_indices(2, tokens, 80, 30, seed=17, pad=2)
+    args = dict(query_rope=qr, key_scale=scale, value_scale=scale)
+    if paged:
+        (codes, table), scale = to_paged(codes, 16), to_paged(scale, 16)[0]
+        rope_codes, rope_scale, rope = (to_paged(x, 16)[0] for x in (rope_codes, rope_scale, rope))
+        args.update(block_table=table, key_scale=scale, value_scale=scale, layout_kv="PA_BSND",
+                    actual_seq_lengths_kv=torch.tensor([80, 80]))
+    got = OP(q, codes, codes, idx, 0.05, key_rope=rope_codes, key_rope_scale=rope_scale, **args)
+    assert_outputs_close(got, OP(q, codes, codes, idx, 0.05, key_rope=rope, **args), atol=1e-2, rtol=1e-2)
+    ref = sfa.reference_sparse_flash_attention(q, codes, codes, idx, 0.05, key_rope=rope_codes,
+                                               key_rope_scale=rope_scale, **args)
+    assert_outputs_close(got, ref, atol=1e-2, rtol=1e-2)
+
+
+def test_fp8_rope_key_adds_little_to_the_fp8_latents_error():
+    """DeepSeek-V3.2's latent and rope dims (512 + 64, softmax scale 1/sqrt(192)), 32 heads, 1024 of 4096 rows: the
+    output over an FP8 latent and FP8 RoPE key stays within the FP8 KV bound the quantize tests use (cosine > 0.999
+    against bf16 KV), and the FP8 RoPE key adds under a tenth to the FP8 latent's own relative error."""
+    g = torch.Generator().manual_seed(0)
+    q, qr = torch.randn(1, 1, 32, 512, generator=g).bfloat16(), torch.randn(1, 1, 32, 64, generator=g).bfloat16()
+    kv, kr = torch.randn(1, 4096, 1, 512, generator=g).bfloat16(), torch.randn(1, 4096, 1, 64, generator=g).bfloat16()
+    idx = torch.randperm(4096, generator=g)[:1024].int().view(1, 1, 1, 1024)
+    scale = 192 ** -0.5
+    codes, tiles = torch.ops.ascend_dsa.dynamic_block_quant(kv.float(), block_size=128)
+    rope_codes, rope_scale = torch.ops.ascend_dsa.dynamic_block_quant(kr.float(), block_size=64)
+    bf16 = OP(q, kv, kv, idx, scale, query_rope=qr, key_rope=kr)[0].float()
+    fp8 = dict(key_scale=tiles, value_scale=tiles)
+    latent = OP(q, codes, codes, idx, scale, query_rope=qr, key_rope=kr, **fp8)[0].float()
+    both = OP(q, codes, codes, idx, scale, query_rope=qr, key_rope=rope_codes, key_rope_scale=rope_scale,
+              **fp8)[0].float()
+    cosine = torch.nn.functional.cosine_similarity(both.flatten(), bf16.flatten(), dim=0)
+    assert cosine > 0.999
+    assert (both - bf16).norm() < 1.1 * (latent - bf16).norm()
+
+
+@pytest.mark.parametrize("paged", [False, True])
 def test_fp8_kv_prefill_dequantized_once(paged, monkeypatch):
     """Query tokens that read the cache over in all (a prefill) dequantize it once and run the native kernel;
     the result matches the reference on the scaled fp8 rows and the per-row torch path."""
@@ -245,6 +289,9 @@ def bad_inputs():
     yield "shape of `key_scale`", dict(key=codes, value=codes, key_scale=torch.ones(2, 40, 1, 2),
                                        value_scale=torch.ones(2, 40, 1, 1))
     yield "only used with a float8", dict(key_scale=torch.ones(2, 40, 1, 1))
+    yield "needs `key_rope_scale`", dict(key_rope=kr.to(torch.float8_e4m3fn))
+    yield "shape of `key_rope_scale`", dict(key_rope=kr.to(torch.float8_e4m3fn),
+                                            key_rope_scale=torch.ones(2, 40, 1, 2))
     yield r"actual_seq_lengths_kv`\[0\]=41", dict(actual_seq_lengths_kv=torch.tensor([41, 3]))
 
 

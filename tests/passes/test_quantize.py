@@ -102,6 +102,7 @@ def test_stored_fp8_cache_is_read_directly(watch_pass) -> None:
     assert added(result, "dynamic_mx_quant") == 2          # only the queries; keys are stored MXFP8
     wheres = {(t["tensor"], t["where"]) for t in result.report.to_json()["quantized"]["tensors"]}
     assert ("key", "stored cache") in wheres and ("value", "stored cache") in wheres
+    assert ("key_rope", "stored cache") in wheres          # the FP8 RoPE key with its per-token scales
     assert cosine(result.out, result.ref) > 0.999          # the eager model reads the same FP8 cache
 
 

@@ -23,8 +23,8 @@ def test_cache_row_bytes_are_what_the_cache_stores(fp8):
     assert context_costs.cache_row_bytes(REAL, fp8) == cache.bytes_per_token()
 
 
-def test_fp8_cache_row_is_788_of_bf16s_1408_bytes():
-    assert sum(context_costs.cache_row_bytes(REAL, True).values()) == 512 + 16 + 128 + 128 + 4
+def test_fp8_cache_row_is_728_of_bf16s_1408_bytes():
+    assert sum(context_costs.cache_row_bytes(REAL, True).values()) == 512 + 16 + 64 + 4 + 128 + 4
     assert sum(context_costs.cache_row_bytes(REAL, False).values()) == 2 * (512 + 64 + 128)
 
 

@@ -27,7 +27,8 @@ def test_cache_rows_meet_the_size_targets() -> None:
     rows = {r["case"]: r for r in bench_quant.cache_rows()}
     assert rows["cache bytes/token latent"]["ratio"] <= 0.52
     assert rows["cache bytes/token index_k"]["ratio"] <= 0.52
-    assert rows["cache bytes/token k_rope"]["ratio"] == 1.0
+    assert rows["cache bytes/token k_rope"]["ratio"] < 0.55     # codes and one fp32 scale per token
+    assert rows["cache bytes/token all"]["ratio"] <= 0.52
 
 
 def test_gemm_table_has_every_form() -> None:
