@@ -6,7 +6,8 @@ canonical_form writes what varies between authors in one form before any fusion 
 canonicalize runs twice: first on the captured graph, then on what the rewrites left (view chains and no-op
 reshapes that the fusion passes' operand layouts create) before streams and SuperKernels are planned.
 eliminate_common_subexpressions runs only after the rewrites: merging repeated nodes earlier would give the
-patterns' intermediate nodes extra users and hide matches.
+patterns' intermediate nodes extra users and hide matches. reinplace_functionalized runs after assign_streams:
+it compares node positions, which scheduling changes.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from npu_graph.passes import (
     layout_nz,
     partition_superkernels,
     quantize,
+    reinplace_functionalized,
     reinplace_input_writes,
     short_depthwise_conv,
 )
@@ -70,6 +72,7 @@ PASSES: list[ModuleType] = [
     fuse_sibling_matmuls,
     canonicalize,
     assign_streams,
+    reinplace_functionalized,
     partition_superkernels,
 ]
 

@@ -9,7 +9,9 @@ dispatcher ends up in, so results are identical (the runtime runs the graph insi
 made at trace time). An ATen overload is its Python binding where that takes the same arguments
 (PYTHON_BINDINGS), else the C++ callable its `__call__` forwards to; the overloads whose kernels fork a thread
 team for tiny work run small calls on one thread (npu_graph.runtime.serial_calls). A native kernel (skinny_mm,
-depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen overload.
+depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen overload. A
+call of an op that writes its arguments (`auto_functionalized_v2`) is npu_graph.runtime.functionalized.call, which
+calls the op itself where nothing is copied.
 
 `AS_TRACED` binds every name to the torch.ops overload itself: the source as Dynamo and Inductor trace it.
 """
@@ -22,6 +24,7 @@ import torch
 from torch._library import custom_ops
 
 from npu_graph.kernels.aten import dense_attention, depthwise_conv1d, skinny_mm
+from npu_graph.runtime import functionalized
 from npu_graph.runtime.serial_calls import serial_when_small
 from npu_graph.targets.cpu_bindings import FUSED_PREFIX
 
@@ -104,6 +107,10 @@ class TracedBinder:
         """Inductor's `extern_kernels.<op>` (torch.mm, torch.bmm, torch.addmm, called with out=)."""
         return getattr(torch, op)
 
+    def functionalized(self) -> Callable[..., Any]:
+        """torch's auto_functionalized_v2 higher-order op."""
+        return functionalized.HOP
+
 
 class DirectBinder(TracedBinder):
     """What runs (module docstring); the overloads where there is nothing more direct."""
@@ -122,6 +129,10 @@ class DirectBinder(TracedBinder):
         if op == "mm":
             return skinny_mm.native_out_callable()
         return serial_when_small(f"{op}.default", super().extern(op))
+
+    def functionalized(self) -> Callable[..., Any]:
+        """The op's own call where nothing is copied (npu_graph.runtime.functionalized)."""
+        return functionalized.call
 
 
 DIRECT, AS_TRACED = DirectBinder(), TracedBinder()

@@ -27,7 +27,7 @@ def _reads_only(node: torch.fx.Node, found: set[torch.fx.Node]) -> bool:
     return all(arg in found for arg in inputs) if inputs else node.target in CONSTANT_FACTORIES
 
 
-def _hoistable(gm: torch.fx.GraphModule, param_indices: set[int]) -> set[torch.fx.Node]:
+def hoistable(gm: torch.fx.GraphModule, param_indices: set[int]) -> set[torch.fx.Node]:
     """Nodes computed from parameters and constants only; values the graph returns stay in it (the caller may
     modify a returned tensor, which must not change the next call's)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -69,13 +69,13 @@ def split_prologue(gm: torch.fx.GraphModule, param_indices: list[int]
                    ) -> tuple[torch.fx.GraphModule | None, list[int]]:
     """Move parameter-only computations out of `gm` (in place). Returns the prologue graph (None when there is
     nothing worth hoisting) and the input positions of the parameters it reads, in its argument order."""
-    hoistable = _hoistable(gm, set(param_indices))
-    frontier = _frontier(hoistable)
+    once = hoistable(gm, set(param_indices))
+    frontier = _frontier(once)
     if not frontier:
         return None, []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    used = [i for i in sorted(param_indices) if i < len(placeholders) and placeholders[i] in hoistable]
-    prologue = _prologue_graph(gm, [placeholders[i] for i in used], hoistable, frontier)
+    used = [i for i in sorted(param_indices) if i < len(placeholders) and placeholders[i] in once]
+    prologue = _prologue_graph(gm, [placeholders[i] for i in used], once, frontier)
     with gm.graph.inserting_after(placeholders[-1]):
         for index, node in reversed(list(enumerate(frontier))):
             hoisted = gm.graph.placeholder(f"hoisted_{index}")

@@ -3,7 +3,9 @@ and `torch.ops.aten.<op>.<overload>(` calls become calls of plain names, each bo
 assignments at the top of the source (`_rms = _bind.fused("rms_norm")`, `_aten_mul_Tensor = _bind.aten("mul",
 "Tensor")`, `_native_skinny_mm = _bind.native("skinny_mm", "mm", "default")`); in Inductor's generated module
 (runtime.inductor_glue) also its `extern_kernels.mm(a, b, out=buf)` products, each call site bound on its own
-(`_extern_mm_0 = _bind.extern("mm")`: a site keeps the plan of its last call, kernels/aten/skinny_mm.py).
+(`_extern_mm_0 = _bind.extern("mm")`: a site keeps the plan of its last call, kernels/aten/skinny_mm.py), and
+calls of ops that write their arguments (`torch.ops.higher_order.auto_functionalized_v2(`, bound as
+`_functionalized = _bind.functionalized()`: npu_graph.runtime.functionalized).
 
 The result is the source that is cached, dumped as compiled.py and run: nothing rewrites it when it is loaded.
 `_bind` is the runtime's binder (npu_graph.runtime.direct_calls): fused ops' Python implementations, ATen callables,
@@ -18,6 +20,7 @@ FUSED_PREFIX = "_ascend_dsa_direct_"
 ATEN_PREFIX = "_aten_"
 NATIVE_PREFIX = "_native_"
 EXTERN_PREFIX = "_extern_"
+FUNCTIONALIZED = "_functionalized"
 HEADER = "# calls bound when the graph is loaded (npu_graph.targets.cpu_bindings)\n"
 
 _FUSED_CALL = re.compile(r"torch\.ops\.ascend_dsa\.(\w+)\.default\(")
@@ -25,6 +28,7 @@ _ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)\(")
 # Inductor's products it does not generate code for: torch.mm / bmm / addmm with out=, which fork BLAS's thread
 # team for decode-sized work unless bound (runtime.direct_calls)
 _EXTERN_CALL = re.compile(r"\bextern_kernels\.(mm|bmm|addmm)\(")
+_FUNCTIONALIZED_CALL = re.compile(r"\btorch\.ops\.higher_order\.auto_functionalized_v2\(")
 
 # ATen overloads a native kernel takes where it applies (its module in npu_graph.kernels; the overload otherwise)
 NATIVE_KERNELS = {"mm.default": "skinny_mm", "convolution.default": "depthwise_conv1d",
@@ -55,7 +59,12 @@ def bind_source(source: str) -> str:
         bindings[name] = f"_bind.extern({match.group(1)!r})"
         return name + "("
 
+    def functionalized(match: re.Match) -> str:
+        bindings[FUNCTIONALIZED] = "_bind.functionalized()"
+        return FUNCTIONALIZED + "("
+
     body = _EXTERN_CALL.sub(extern, _ATEN_CALL.sub(aten, _FUSED_CALL.sub(fused, source)))
+    body = _FUNCTIONALIZED_CALL.sub(functionalized, body)
     if not bindings:
         return source
     return HEADER + "".join(f"{name} = {expr}\n" for name, expr in sorted(bindings.items())) + body
