@@ -4,7 +4,9 @@ path, decided from measurements on this CPU, per instruction-set level, thread c
 A native kernel is taken only where it is faster than the path it replaces. The first call of an op in a shape
 class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) times both paths on the call's own
 inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget: a call of a few
-microseconds gets ~100 rounds in ENOUGH_S, so its minimum survives bursts of other work), keeps the faster
+microseconds gets ~100 rounds in ENOUGH_S, so its minimum survives bursts of other work; paths that take over
+LONG_S together, a prefill-sized call, are timed by the warm-up round alone, so a first call costs one call of
+each path, not eight), keeps the faster
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
 folder (kernels/native/trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
 the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
@@ -53,6 +55,9 @@ ENOUGH_S = 0.02     # no further rounds past MIN_ROUNDS once a measurement has t
 BUDGET_S = 0.5      # no further rounds once a measurement has taken this long
 CLOSE = 1.5         # a first measurement whose paths lie within this factor is provisional ...
 REMEASURE_S = 5.0   # ... for this long; the next call after it measures again (`_measured`)
+LONG_S = 2.0        # paths that take longer than this together in the warm-up round are timed by it alone, and
+                    # that choice is kept at once: a prefill-sized call of tens of seconds timed over the minimum
+                    # rounds (and once more when close) spent ten minutes in a first call
 _LOCK = threading.Lock()
 
 
@@ -163,6 +168,7 @@ def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T],
     best = {name: float("inf") for name in paths}
     last: dict[str, T] = {}
     start = time.perf_counter()
+    warm: dict[str, float] = {}
     for round_ in range(ROUNDS + 1):
         for name in (("native", "torch") if round_ % 2 else ("torch", "native")):
             if prepare is not None:
@@ -171,11 +177,21 @@ def _measure(native_fn: Callable[[], T], torch_fn: Callable[[], T],
             last[name] = paths[name]()
             if round_:                      # round 0 warms both paths up
                 best[name] = min(best[name], time.perf_counter() - t0)
+            else:
+                warm[name] = time.perf_counter() - t0
         spent = time.perf_counter() - start
+        if round_ == 0 and spent > LONG_S:  # a long call: its warm-up round decides (`long_measurement`)
+            best = warm
+            break
         if round_ >= 1 and (spent > BUDGET_S or (round_ >= MIN_ROUNDS and spent > ENOUGH_S)):
             break
     impl = "native" if best["native"] <= best["torch"] else "torch"
     return last[impl], Choice(impl, best["native"] * 1e3, best["torch"] * 1e3)
+
+
+def long_measurement(choice: Choice) -> bool:
+    """Whether the choice was decided by the warm-up round alone: the two paths took more than LONG_S together."""
+    return (choice.native_ms + choice.torch_ms) * 1e-3 > LONG_S
 
 
 # (op, level, shape class) -> ("native" or "torch", its label for take_used), in this process
@@ -239,7 +255,7 @@ def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable
         result, choice = _measure(native_fn, torch_fn, prepare)
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     slot = _slot(op, level, cls)
-    if slot not in _provisional and slow < CLOSE * fast:
+    if slot not in _provisional and slow < CLOSE * fast and not long_measurement(choice):
         deadline = time.monotonic() + REMEASURE_S
         _provisional[slot] = (choice.impl, deadline)
         call_plans.clear_all_at(deadline)       # the plans made from the provisional choice go with it

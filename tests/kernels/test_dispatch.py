@@ -98,6 +98,20 @@ def test_a_close_first_measurement_is_provisional_then_measured_again(table, mon
     assert next(iter(json.loads(table.read_text()).values()))["impl"] == second
 
 
+def test_long_paths_are_timed_by_one_call_each_and_kept(table, monkeypatch):
+    """Paths that take over LONG_S together (a prefill-sized call) run once each, the warm-up round deciding, and
+    the choice is kept at once even when close: timing them over the minimum rounds cost minutes in a first call."""
+    monkeypatch.setattr(dispatch, "LONG_S", 0.01)
+    calls: list = []
+    native_fn, torch_fn = counting("native", 0.008, calls), counting("torch", 0.006, calls)
+    assert dispatch.run("op", "rms_norm", ("l",), native_fn, torch_fn) == "torch"
+    assert sorted(calls) == ["native", "torch"]
+    choice = dispatch.lookup("op", "rms_norm", ("l",))
+    assert choice.impl == "torch" and choice.torch_ms >= 6 and choice.native_ms >= 8
+    calls.clear()
+    assert dispatch.run("op", "rms_norm", ("l",), native_fn, torch_fn) == "torch" and calls == ["torch"]
+
+
 def test_plans_made_from_a_provisional_choice_are_forgotten_when_it_expires(table, monkeypatch):
     """An op stores a plan from a provisional choice (its calls are one lookup meanwhile); when the choice expires
     every plan is forgotten, so the next call takes the full path and measures the class again."""
