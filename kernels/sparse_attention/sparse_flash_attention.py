@@ -42,8 +42,10 @@ bytes of latent and 64 + 4 of RoPE key per token, against 1024 + 128 in bf16).
 
 Fast CPU path: the native kernel (kernels/sparse_attention/native.py) whenever it loads and reads the KV rows; otherwise
 scaled fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
-(kernels/sparse_attention/torch_path.py). The checks are in kernels/sparse_attention/checks.py, the readable definition
-in kernels/sparse_attention/reference.py.
+(kernels/sparse_attention/torch_path.py; a batch of at least BLOCKED_MIN_ROWS query tokens, a prefill chunk, in
+batched GEMMs over blocks of tokens: kernels/sparse_attention/blocked.py). The measured dispatch picks between the
+native kernel and the torch path per shape class. The checks are in kernels/sparse_attention/checks.py, the
+readable definition in kernels/sparse_attention/reference.py.
 """
 import functools
 
@@ -56,6 +58,7 @@ from npu_graph.kernels.indexer.key_windows import check_start_values, check_star
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.sparse_attention import native as sfa_native
 from npu_graph.kernels.sparse_attention import plan as sfa_plan
+from npu_graph.kernels.sparse_attention.blocked import BLOCKED_MIN_ROWS, blocked_batch
 from npu_graph.kernels.sparse_attention.checks import OP, check_data, check_scale, check_static
 from npu_graph.kernels.sparse_attention.native import NATIVE_SOURCE
 from npu_graph.kernels.sparse_attention.reference import non_finite_heads
@@ -86,8 +89,9 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
         if sfa_native.rows_read(indices, sparse_block_size, lq[b], lkv[b]) >= lkv[b] and \
                 sfa_native.native_dequantized(readers, args, b, lq[b], lkv[b], outs):
             continue
-        torch_batch(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size,
-                    sparse_mode, outs)
+        path = blocked_batch if lq[b] >= BLOCKED_MIN_ROWS else torch_batch
+        path(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size, sparse_mode,
+             outs)
     return non_finite_heads(*outs)
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 from npu_graph.kernels.indexer.checks import visible_keys
 from npu_graph.kernels.indexer.keys import KeyReader, fp8_e4m3_to_float, linear, onednn_bf16
 
-# Gathered value rows x latent dim from which P·V goes through oneDNN (bf16 where _bf16_values allows, else
+# Gathered value rows x latent dim from which P·V goes through oneDNN (bf16 where bf16_values allows, else
 # fp32 linear on the transposed view, ~1.5x torch.mm at 2048 rows); below it torch.mm's ~18 us lower call
 # overhead wins (measured equal at 256 x 512).
 LARGE_PV_ELEMS = 1 << 17
@@ -66,7 +66,7 @@ def row_positions(indices: Tensor, block: int, limit: int) -> Tensor:
     return positions[positions < limit]
 
 
-def _bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:
+def bf16_values(values: Tensor | None, out_dtype: torch.dtype) -> bool:
     """A large P·V may run as a bf16 GEMM (fp32 accumulation): a CPU with native bf16 dot products
     (AVX512-BF16; without them oneDNN emulates bf16 and is slower than fp32), stored bf16 values and a bf16
     output anyway. Measured ~2x fp32 at 2048 x 512 on an AVX512-BF16 EPYC, slower below ~256 x 512."""
@@ -93,7 +93,7 @@ def _attend_row(readers: Readers, b: int, q: Tensor, q_rope: Tensor | None, posi
     row_sum = probs.sum(1, keepdim=True)
     if v.numel() < LARGE_PV_ELEMS:
         out = torch.mm(probs, v).div_(row_sum)
-    elif _bf16_values(v_native, out_dtype):
+    elif bf16_values(v_native, out_dtype):
         out = torch.mm(probs.div(row_sum).to(torch.bfloat16), v_native)
     else:
         out = linear(probs, v.t()).div_(row_sum)  # oneDNN takes the transposed view as is

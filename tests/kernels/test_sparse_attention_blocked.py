@@ -1,0 +1,84 @@
+"""The blocked torch path of ascend_dsa::sparse_flash_attention (many query tokens in batched GEMMs) against the
+fp32 reference: ragged lengths, -1 entries anywhere, causal and unmasked, blocks of positions, paged caches, a
+value distinct from the key, bf16, rows without keys, and a NaN in a row only masked slots gather."""
+import pytest
+import torch
+
+from npu_graph.kernels.native import loader as native
+from npu_graph.kernels.sparse_attention import blocked
+from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
+from npu_graph.kernels.sparse_attention import torch_path as sfa_torch
+from tests.kernels.test_sparse_flash_attention import assert_outputs_close, make_inputs, random_indices, to_paged
+
+OP = torch.ops.ascend_dsa.sparse_flash_attention
+
+
+@pytest.fixture
+def blocked_path(monkeypatch):
+    """The torch path, its blocks small enough that a call spans several of them; counts the blocked calls."""
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    monkeypatch.setattr(blocked, "BLOCK_ELEMS", 2048)
+    calls = []
+    real = blocked._attend_block
+    monkeypatch.setattr(blocked, "_attend_block", lambda *a: calls.append(a[2].shape[0]) or real(*a))
+    return calls
+
+
+def call_both(q, kv, value, idx, scale, **kwargs):
+    return OP(q, kv, value, idx, scale, **kwargs), sfa.reference_sparse_flash_attention(q, kv, value, idx, scale,
+                                                                                       **kwargs)
+
+
+CASES = [  # batch, s1, n1, dl, dr, s2, k, sparse_mode, sparse_block_size, pad
+    (2, 20, 4, 64, 16, 50, 16, 3, 1, 3),
+    (1, 17, 2, 32, 0, 40, 12, 0, 1, 0),
+    (1, 16, 2, 32, 8, 64, 6, 3, 4, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("large_pv_elems", [0, 1 << 62], ids=["bf16_pv", "fp32_pv"])
+def test_blocked_matches_reference(case, dtype, large_pv_elems, blocked_path, monkeypatch):
+    monkeypatch.setattr(sfa_torch, "LARGE_PV_ELEMS", large_pv_elems)
+    monkeypatch.setattr(sfa_torch, "onednn_bf16", lambda: True)
+    batch, s1, n1, dl, dr, s2, k, mode, block, pad = case
+    q, kv, qr, kr = make_inputs(batch, s1, n1, dl, dr, s2, dtype)
+    idx = random_indices(batch, s1, s2 // block, k, pad=pad)
+    idx[..., ::5] = -1                                          # -1 entries anywhere, not only at the end
+    got, want = call_both(q, kv, kv, idx, (dl + dr) ** -0.5, query_rope=qr, key_rope=kr, sparse_mode=mode,
+                          sparse_block_size=block)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert_outputs_close(got, want, atol=tol, rtol=tol)
+    assert len(blocked_path) > batch                            # several blocks per batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_ragged_paged_distinct_value(dtype, blocked_path):
+    q, kv, qr, kr = make_inputs(2, 24, 4, 32, 8, 70, dtype, seed=3)
+    value = torch.randn_like(kv)
+    idx = random_indices(2, 24, 70, 20, seed=4, pad=4)
+    idx[0, 3] = -1                                              # a row with nothing selected
+    kv_cache, table = to_paged(kv, 16)
+    value_cache, _ = to_paged(value, 16)
+    rope_cache, _ = to_paged(kr, 16)
+    lengths = dict(actual_seq_lengths_query=torch.tensor([24, 18]), actual_seq_lengths_kv=torch.tensor([70, 51]))
+    got = OP(q, kv_cache, value_cache, idx, 0.2, table, query_rope=qr, key_rope=rope_cache,
+             layout_kv="PA_BSND", **lengths)
+    want = sfa.reference_sparse_flash_attention(q, kv, value, idx, 0.2, query_rope=qr, key_rope=kr, **lengths)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert_outputs_close(got, want, atol=tol, rtol=tol)
+    assert torch.isneginf(got[1][0, 3]).all() and (got[0][0, 3] == 0).all() and (got[2][0, 3] == 0).all()
+    assert blocked_path
+
+
+def test_blocked_nan_in_a_row_only_masked_slots_gather(blocked_path):
+    """Masked slots gather row 0; a NaN there must not reach the output, as in the reference."""
+    q, kv, qr, kr = make_inputs(1, 16, 2, 32, 8, 40, seed=5)
+    idx = random_indices(1, 16, 40, 10, seed=6)
+    idx[idx == 0] = 1
+    idx[..., -2:] = -1
+    kv[0, 0] = float("nan")
+    got, want = call_both(q, kv, kv, idx, 0.3, query_rope=qr, key_rope=kr)
+    assert not got[0].isnan().any()
+    assert_outputs_close(got, want)
