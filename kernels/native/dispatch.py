@@ -6,7 +6,8 @@ class (`shape_class`: dtypes, layout and sizes rounded up to powers of two) time
 inputs, alternately (one warm-up round, then MIN_ROUNDS to ROUNDS rounds within a time budget: a call of a few
 microseconds gets ~100 rounds in ENOUGH_S, so its minimum survives bursts of other work; paths that take over
 LONG_S together, a prefill-sized call, are timed by the warm-up round alone, so a first call costs one call of
-each path, not eight), keeps the faster
+each path, not eight; an op may instead hand `run` a probe, the same work on a bounded part of the call), keeps
+the faster
 one's result and records the choice with both minima: in memory, and in `dispatch-<cpu>.json` in the native build
 folder (kernels/native/trust.py's private folder), keyed by op, level, the kernel library's build, a digest of
 the kernels' Python sources and the class, so a later process on this CPU starts from it (as Inductor's autotuning
@@ -212,11 +213,15 @@ def _remember(op: str, level: str, cls: tuple, impl: str) -> tuple[str, str]:
 
 
 def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn: Callable[[], T],
-        prepare: Callable[[], object] | None = None) -> T:
+        prepare: Callable[[], object] | None = None,
+        probe: tuple[Callable[[], object], Callable[[], object]] | None = None) -> T:
     """native_fn() or torch_fn(), whichever is faster for this shape class (module docstring). Call it only
     where the native kernel of kernels/native/<library>.c is loaded and applies to the inputs. `prepare`, when
     given, runs before every timed call, untimed (e.g. evicting an operand from the caches: the state the
-    class's calls meet in use); the class should then say so, as the table keeps one choice per class."""
+    class's calls meet in use); the class should then say so, as the table keeps one choice per class. `probe`,
+    when given, is the (native, torch) pair measured in their place: the same work on a bounded part of a large
+    call (a slice of its rows), so a first call does not time full-size candidates; the chosen one of native_fn
+    and torch_fn then runs once."""
     level = cpu_isa.active()
     slot = _slot(op, level, cls)
     # a decode step makes ~40 of these calls: one lookup each
@@ -228,7 +233,7 @@ def run(op: str, library: str, cls: tuple, native_fn: Callable[[], T], torch_fn:
         else:
             found = None if pending is not None else _loaded_table().get(_key(op, library, cls))
             if found is None:
-                return _measured(op, library, cls, level, native_fn, torch_fn, prepare)
+                return _measured(op, library, cls, level, native_fn, torch_fn, prepare, probe)
             known = _remember(op, level, cls, found["impl"])
     _used.setdefault(op, set()).add(known[1])
     chosen = native_fn if known[0] == "native" else torch_fn
@@ -246,13 +251,16 @@ def _outside_modes() -> Iterator[None]:
 
 
 def _measured(op: str, library: str, cls: tuple, level: str, native_fn: Callable[[], T], torch_fn: Callable[[], T],
-              prepare: Callable[[], object] | None) -> T:
+              prepare: Callable[[], object] | None,
+              probe: tuple[Callable[[], object], Callable[[], object]] | None = None) -> T:
     """The result of measuring both paths for the class. A first measurement whose paths lie within CLOSE of each
     other is provisional: its choice serves the class for REMEASURE_S without being kept, then the class is
     measured once more and that choice is kept (a compile's worker processes starting up on the same cores have
     slowed both paths ~10x at first use, and a choice kept on disk outlives the process)."""
     with _outside_modes():
-        result, choice = _measure(native_fn, torch_fn, prepare)
+        result, choice = _measure(native_fn, torch_fn, prepare) if probe is None else _measure(*probe, prepare)
+    if probe is not None:
+        result = (native_fn if choice.impl == "native" else torch_fn)()
     fast, slow = sorted((choice.native_ms, choice.torch_ms))
     slot = _slot(op, level, cls)
     if slot not in _provisional and slow < CLOSE * fast and not long_measurement(choice):

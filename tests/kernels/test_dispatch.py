@@ -112,6 +112,16 @@ def test_long_paths_are_timed_by_one_call_each_and_kept(table, monkeypatch):
     assert dispatch.run("op", "rms_norm", ("l",), native_fn, torch_fn) == "torch" and calls == ["torch"]
 
 
+def test_a_probe_is_measured_in_place_of_the_call(table):
+    """With a probe, the dispatch times the probe's pair and runs only the chosen full path, once."""
+    calls: list = []
+    probe = counting("native probe", 0.0, calls), counting("torch probe", 0.004, calls)
+    assert dispatch.run("op", "rms_norm", ("q",), counting("native", 0.0, calls), counting("torch", 0.0, calls),
+                        probe=probe) == "native"
+    assert calls.count("native") == 1 and "torch" not in calls and len(calls) >= 5
+    assert dispatch.lookup("op", "rms_norm", ("q",)).torch_ms >= 4
+
+
 def test_plans_made_from_a_provisional_choice_are_forgotten_when_it_expires(table, monkeypatch):
     """An op stores a plan from a provisional choice (its calls are one lookup meanwhile); when the choice expires
     every plan is forgotten, so the next call takes the full path and measures the class again."""

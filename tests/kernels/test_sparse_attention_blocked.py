@@ -4,6 +4,7 @@ value distinct from the key, bf16, rows without keys, and a NaN in a row only ma
 import pytest
 import torch
 
+from npu_graph.kernels.native import dispatch
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.sparse_attention import blocked
 from npu_graph.kernels.sparse_attention import sparse_flash_attention as sfa
@@ -82,3 +83,27 @@ def test_blocked_nan_in_a_row_only_masked_slots_gather(blocked_path):
     got, want = call_both(q, kv, kv, idx, 0.3, query_rope=qr, key_rope=kr)
     assert not got[0].isnan().any()
     assert_outputs_close(got, want)
+
+
+def test_a_prefill_call_is_measured_on_its_first_rows(monkeypatch, tmp_path):
+    """The measured dispatch times a call of more than PROBE_ROWS query tokens on its first PROBE_ROWS, then runs
+    the chosen path over all of them."""
+    if not native.load(sfa.NATIVE_SOURCE):
+        pytest.skip("the native kernel does not load here")
+    monkeypatch.setenv(native.ENV_SWITCH, "auto")
+    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
+    for name in ("_table", "_known", "_provisional"):
+        monkeypatch.setattr(dispatch, name, None if name == "_table" else {})
+    monkeypatch.setattr(sfa, "_PLANS", sfa.call_plans.Plans(sfa.OP))
+    timed = []
+    real = dispatch._measure
+    monkeypatch.setattr(dispatch, "_measure", lambda *a: timed.append(a) or real(*a))
+    seen = []
+    real_batches = sfa._batches_cpu
+    monkeypatch.setattr(sfa, "_batches_cpu", lambda q, *a: seen.append(q.shape[1]) or real_batches(q, *a))
+    q, kv, qr, kr = make_inputs(1, sfa.PROBE_ROWS + 8, 2, 32, 8, 60, seed=7)
+    idx = random_indices(1, sfa.PROBE_ROWS + 8, 60, 10, seed=8)
+    got, want = call_both(q, kv, kv, idx, 0.3, query_rope=qr, key_rope=kr)
+    assert_outputs_close(got, want)
+    assert len(timed) == 1 and seen[-1] == sfa.PROBE_ROWS + 8 and seen.count(sfa.PROBE_ROWS + 8) == 1
+    assert set(seen[:-1]) == {sfa.PROBE_ROWS}
