@@ -107,3 +107,21 @@ def test_a_prefill_call_is_measured_on_its_first_rows(monkeypatch, tmp_path):
     assert_outputs_close(got, want)
     assert len(timed) == 1 and seen[-1] == sfa.PROBE_ROWS + 8 and seen.count(sfa.PROBE_ROWS + 8) == 1
     assert set(seen[:-1]) == {sfa.PROBE_ROWS}
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_blocked_fp8_kv_and_rope_key(paged, blocked_path):
+    """FP8 latent rows with per-tile scales and an FP8 RoPE key with one scale per token, dequantized as gathered."""
+    q, kv, qr, kr = make_inputs(1, 20, 4, 256, 64, 80, torch.bfloat16, seed=16)
+    codes, scale = torch.ops.ascend_dsa.dynamic_block_quant(kv.float(), block_size=128)
+    rope_codes, rope_scale = torch.ops.ascend_dsa.dynamic_block_quant(kr.float(), block_size=64)
+    idx = random_indices(1, 20, 80, 30, seed=17, pad=2)
+    args = dict(query_rope=qr, key_scale=scale, value_scale=scale, key_rope=rope_codes, key_rope_scale=rope_scale)
+    if paged:
+        (codes, table), scale = to_paged(codes, 16), to_paged(scale, 16)[0]
+        rope_codes, rope_scale = (to_paged(x, 16)[0] for x in (rope_codes, rope_scale))
+        args.update(block_table=table, key_scale=scale, value_scale=scale, key_rope=rope_codes,
+                    key_rope_scale=rope_scale, layout_kv="PA_BSND", actual_seq_lengths_kv=torch.tensor([80]))
+    got, want = call_both(q, codes, codes, idx, 0.05, **args)
+    assert_outputs_close(got, want, atol=1e-2, rtol=1e-2)
+    assert blocked_path
