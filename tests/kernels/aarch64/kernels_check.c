@@ -9,8 +9,9 @@
 #include <string.h>
 
 int li_row_topk(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
-                int64_t block_size, int64_t n, const void *q, int q_dtype, const float *w, int64_t h, int64_t d,
-                int bf16_dot, int threads, int64_t k, float *score, int32_t *idx, float *val);
+                int64_t block_size, const uint8_t *scale, int64_t scale_row, int64_t scale_block, int64_t n,
+                const void *q, int q_dtype, const float *w, int64_t h, int64_t d, int bf16_dot, int threads,
+                int64_t k, float *score, int32_t *idx, float *val);
 int sfa_attend(const float *q, const float *q_rope, int64_t H, int64_t DL, int64_t DR, const void *idx, int idx64,
                int64_t idx_stride, int64_t K, int64_t block, int64_t lq, int64_t lkv, int causal, int64_t start,
                const void *table, int table64, int64_t block_size, const void *kv, int64_t kv_stride, const void *value,
@@ -26,7 +27,7 @@ static int check_indexer(int threads) {
     for (int64_t i = 0; i < n * d; i++) key[i] = rnd();
     for (int64_t i = 0; i < h * d; i++) q[i] = rnd();
     for (int j = 0; j < h; j++) w[j] = rnd();
-    if (li_row_topk(key, 0, d, 0, NULL, 1, n, q, 0, w, h, d, 0, threads, k, score, idx, val) < 0) return 1;
+    if (li_row_topk(key, 0, d, 0, NULL, 1, NULL, 0, 0, n, q, 0, w, h, d, 0, threads, k, score, idx, val) < 0) return 1;
     for (int64_t s = 0; s < n; s++) {
         double t = 0;
         for (int j = 0; j < h; j++) {
