@@ -94,27 +94,12 @@ static const uint8_t *scale_row(const struct keys *k, int64_t s) {
                                 : s * k->scale_row);
 }
 
-typedef uint8_t vb __attribute__((vector_size(VL)));
-
 /* 2^(e - 127) for an E8M0 byte e (e = 0: 2^-127, a subnormal float); e = 255 is NaN. */
 static inline float e8m0_factor(uint8_t e) {
     uint32_t bits = e == 255 ? 0x7FC00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
-}
-
-/* VL float8_e4m3fn codes at p, times factor, as fp32: exact (a normal code's exponent and mantissa moved into
- * fp32's fields, a subnormal one m * 2^-9), then the factor, then the sign; the NaN codes (magnitude 0x7F) are NaN. */
-static inline vf e4m3_vec(const uint8_t *p, vf factor) {
-    vb b;
-    memcpy(&b, p, sizeof b);
-    vu u = __builtin_convertvector(b, vu), mag = u & 0x7Fu;
-    vf normal = (vf)((mag << 20) + (120u << 23));
-    vf sub = __builtin_convertvector((vi)mag, vf) * (1.0f / 512.0f);
-    vf v = pick((vi)(mag < 8u), sub, normal) * factor;
-    v = (vf)((vu)v | ((u & 0x80u) << 24));
-    return pick((vi)(mag == 0x7Fu), splat(NAN), v);
 }
 
 /* The d values of MXFP8 key s as fp32 (d a multiple of MX_GROUP, itself a multiple of VL). */

@@ -72,6 +72,21 @@ static inline vf pick(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | (
 
 static inline vf vmax(vf a, vf b) { return pick(a > b, a, b); }
 
+typedef uint8_t vb __attribute__((vector_size(VL)));
+
+/* VL float8_e4m3fn codes at p, times factor, as fp32: exact (a normal code's exponent and mantissa moved into
+ * fp32's fields, a subnormal one m * 2^-9), then the factor, then the sign; the NaN codes (magnitude 0x7F) are NaN. */
+static inline vf e4m3_vec(const uint8_t *p, vf factor) {
+    vb b;
+    memcpy(&b, p, sizeof b);
+    vu u = __builtin_convertvector(b, vu), mag = u & 0x7Fu;
+    vf normal = (vf)((mag << 20) + (120u << 23));
+    vf sub = __builtin_convertvector((vi)mag, vf) * (1.0f / 512.0f);
+    vf v = pick((vi)(mag < 8u), sub, normal) * factor;
+    v = (vf)((vu)v | ((u & 0x80u) << 24));
+    return pick((vi)(mag == 0x7Fu), splat(NAN), v);
+}
+
 /* max(a, 0) with NaN kept (as torch.relu): a NaN product must reach the score it belongs to. One max instruction
  * where the level has it (maxps returns its second operand when either is NaN, so max(0, a) keeps a NaN a; a -0
  * stays -0), else a compare and a mask. */

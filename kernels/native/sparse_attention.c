@@ -839,3 +839,30 @@ int sfa_call(const struct sfa_call_args *a, const void *q, const void *q_rope, c
     }
     return SFA_OK;
 }
+
+/* The fp8 rows of a decode step, for sfa_attend to read as fp32: row slots[i] of float8_e4m3fn codes (at
+ * codes + slots[i] * stride bytes) decoded into out[i] (d floats, contiguous), each of its `tiles` tiles of d / tiles
+ * values times its fp32 scale (at scales + slots[i] * scale_stride + tile). Exact (e4m3_vec) up to the one fp32
+ * product, as the torch path's dequantization. Rows go across `threads` OpenMP threads. */
+void sfa_gather_e4m3(const uint8_t *codes, int64_t stride, const float *scales, int64_t scale_stride, int64_t tiles,
+                     const int64_t *slots, int64_t n, int64_t d, float *out, int threads) {
+    int64_t tile = d / tiles;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * d >= (1 << 16))
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = codes + slots[i] * stride;
+        const float *sc = scales + slots[i] * scale_stride;
+        float *dst = out + i * d;
+        for (int64_t t = 0; t < tiles; t++) {
+            vf f = splat(sc[t]);
+            int64_t j = t * tile, end = j + tile;
+            for (; j + VL <= end; j += VL) vstore(dst + j, e4m3_vec(row + j, f));
+            if (j < end) {    /* a tile's last values, fewer than VL: decoded from a zero-padded copy */
+                uint8_t tail[VL] = {0};
+                float wide[VL];
+                memcpy(tail, row + j, (size_t)(end - j));
+                vstore(wide, e4m3_vec(tail, f));
+                memcpy(dst + j, wide, (size_t)(end - j) * sizeof(float));
+            }
+        }
+    }
+}

@@ -12,9 +12,11 @@ import functools
 import torch
 from torch import Tensor
 
+from npu_graph.kernels.indexer.checks import visible_keys
+from npu_graph.kernels.indexer.keys import KeyReader
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
-from npu_graph.kernels.sparse_attention.torch_path import Readers, same_tensor
+from npu_graph.kernels.sparse_attention.torch_path import Readers, row_positions, same_tensor
 
 NATIVE_SOURCE = "sparse_attention"   # kernels/native/sparse_attention.c
 # A query token with at least this many selected entries has them split across the threads (fewer tokens than
@@ -126,3 +128,65 @@ def native_dequantized(readers: Readers, args: tuple, b: int, lq: int, lkv: int,
     rows = (query[b:b + 1], keys, values, indices[b:b + 1], scale, None,
             None if query_rope is None else query_rope[b:b + 1], rope, block, mode)
     return native_batch(kernel, rows, 0, lq, lkv, tuple(out[b:b + 1] for out in outs))
+
+
+@functools.cache
+def _typed_gather(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+    return native_prototypes.typed(lib, NATIVE_SOURCE, "sfa_gather_e4m3")
+
+
+def _e4m3_source(reader: KeyReader, b: int, positions: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(codes [rows, D], scales [rows, tiles], slots) that sfa_gather_e4m3 reads for batch b's `positions`: a BSND
+    tensor's batch b or a paged cache's blocks one after another; None when the rows are not scaled
+    float8_e4m3fn codes with unit stride along D and along the scales."""
+    codes, scales = reader.key, reader.scale
+    if codes.dtype != torch.float8_e4m3fn or scales is None or scales.dtype != torch.float32 \
+            or codes.stride(-1) != 1 or scales.stride(-1) != 1:
+        return None
+    if reader.table is None:
+        return codes[b], scales[b], positions
+    if codes.stride(0) != codes.shape[1] * codes.stride(1) or scales.stride(0) != scales.shape[1] * scales.stride(1):
+        return None
+    slots = reader.table[b, positions // reader.block] * reader.block + positions % reader.block
+    return codes.flatten(0, 1), scales.flatten(0, 1), slots
+
+
+def _gathered_rows(reader: KeyReader, b: int, positions: Tensor) -> Tensor:
+    """The fp32 rows at `positions` in a contiguous [1,P,1,D] buffer: scaled fp8 codes decoded natively as they
+    are gathered (sfa_gather_e4m3), other rows through the reader."""
+    source = _e4m3_source(reader, b, positions)
+    if source is None:
+        return reader.float_rows(b, positions)[None, :, None]
+    codes, scales, slots = source
+    slots = slots.long().contiguous()
+    out = torch.empty(slots.numel(), codes.shape[-1], dtype=torch.float32)
+    _typed_gather(native.load(NATIVE_SOURCE).lib)(
+        codes.data_ptr(), codes.stride(0), scales.data_ptr(), scales.stride(0), scales.shape[-1], slots.data_ptr(),
+        slots.numel(), codes.shape[-1], out.data_ptr(), torch.get_num_threads())
+    return out[None, :, None]
+
+
+def native_gathered(readers: Readers, args: tuple, b: int, lq: int, lkv: int,
+                    outs: tuple[Tensor, Tensor, Tensor]) -> bool:
+    """KV the kernel cannot read as stored (scaled fp8) of a decode step: each query token's selected rows (its
+    valid positions, as the torch path lists them, repeats kept) decoded into a small contiguous fp32 buffer
+    (exact, as the torch path's rows), and the native kernel over that buffer with identity indices and no causal limit
+    (the listing already applied it). False when no native kernel reads the buffer (the caller takes the torch
+    path)."""
+    query, _, _, indices, scale, _, query_rope, _, block, mode = args
+    for t in range(lq):
+        positions = row_positions(indices[b, t, 0], block, visible_keys(t, lq, lkv, mode))
+        count = positions.numel()
+        if count == 0:
+            continue
+        keys = _gathered_rows(readers.key, b, positions)
+        values = keys if readers.value is None else _gathered_rows(readers.value, b, positions)
+        rope = None if readers.rope is None else _gathered_rows(readers.rope, b, positions)
+        kernel = native_kernel(keys, values, rope, None)
+        identity = torch.arange(count, dtype=torch.long).view(1, 1, 1, count)
+        rows = (query[b:b + 1, t:t + 1], keys, values, identity, scale, None,
+                None if query_rope is None else query_rope[b:b + 1, t:t + 1], rope, 1, 0)
+        if kernel is None or not native_batch(kernel, rows, 0, 1, count,
+                                               tuple(out[b:b + 1, t:t + 1] for out in outs)):
+            return False
+    return True

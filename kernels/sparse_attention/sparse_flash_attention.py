@@ -89,6 +89,8 @@ def _batches_cpu(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tens
         if sfa_native.rows_read(indices, sparse_block_size, lq[b], lkv[b]) >= lkv[b] and \
                 sfa_native.native_dequantized(readers, args, b, lq[b], lkv[b], outs):
             continue
+        if lq[b] < BLOCKED_MIN_ROWS and sfa_native.native_gathered(readers, args, b, lq[b], lkv[b], outs):
+            continue
         path = blocked_batch if lq[b] >= BLOCKED_MIN_ROWS else torch_batch
         path(readers, query, query_rope, indices, scale_value, b, lq[b], lkv[b], sparse_block_size, sparse_mode,
              outs)
