@@ -5,7 +5,8 @@ reads each selected row once, and folds a chunk of rows at a time into an online
 bf16 query, KV and output on an AVX512-BF16 CPU, bf16 dot products with fp32 sums: the logits are exact products,
 and the probabilities are rounded to bf16 once for the weighted sum, as in the torch path). Tokens go one per
 thread; a decode token's entries are split across the threads and the parts merged. Scaled fp8 KV that the query
-tokens read over at least once is dequantized once per batch and handed to the kernel."""
+tokens read over at least once is dequantized once per batch and handed to the kernel; in a decode step, each token's
+selected fp8 rows are decoded natively (sfa_gather_e4m3) into a small fp32 buffer that the kernel reads instead."""
 import ctypes
 import functools
 
@@ -170,9 +171,8 @@ def native_gathered(readers: Readers, args: tuple, b: int, lq: int, lkv: int,
                     outs: tuple[Tensor, Tensor, Tensor]) -> bool:
     """KV the kernel cannot read as stored (scaled fp8) of a decode step: each query token's selected rows (its
     valid positions, as the torch path lists them, repeats kept) decoded into a small contiguous fp32 buffer
-    (exact, as the torch path's rows), and the native kernel over that buffer with identity indices and no causal limit
-    (the listing already applied it). False when no native kernel reads the buffer (the caller takes the torch
-    path)."""
+    (the torch path's values), and the native kernel over that buffer with identity indices and no causal limit
+    (the listing applied it). False when no native kernel reads the buffer (the caller takes the torch path)."""
     query, _, _, indices, scale, _, query_rope, _, block, mode = args
     for t in range(lq):
         positions = row_positions(indices[b, t, 0], block, visible_keys(t, lq, lkv, mode))

@@ -41,7 +41,8 @@ shape [..., 1]: one scale per token over its Dr values (an fp8 cache of DeepSeek
 bytes of latent and 64 + 4 of RoPE key per token, against 1024 + 128 in bf16).
 
 Fast CPU path: the native kernel (kernels/sparse_attention/native.py) whenever it loads and reads the KV rows; otherwise
-scaled fp8 KV read over at least once is dequantized per batch for it, and the rest takes the torch path
+scaled fp8 KV read over at least once is dequantized per batch for it, a decode step's selected fp8 rows are
+decoded into a small buffer for it, and the rest takes the torch path
 (kernels/sparse_attention/torch_path.py; a batch of at least BLOCKED_MIN_ROWS query tokens, a prefill chunk, in
 batched GEMMs over blocks of tokens: kernels/sparse_attention/blocked.py). The measured dispatch picks between the
 native kernel and the torch path per shape class. The checks are in kernels/sparse_attention/checks.py, the
