@@ -15,6 +15,7 @@ in one process and split over two ranks, each its own process.
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from typing import Any
 
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         memory = context_memory.measure_in_new_process(max(contexts), TOY_SIZES if toy else {})
     result = {"suite": "context", "points": points,
               "peak_rss_bytes": memory["peak_rss_bytes"], "memory": memory,
-              "sweep_peak_rss_bytes": context_memory.peak_resident_bytes(),
+              "sweep_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "weights_bytes": weights_bytes(sweep.layer),
               "cache_bytes_held": sum(held.values()),      # the bf16 and FP8 caches, both held at once
               "rates": sweep.rate_figures, "sizes": TOY_SIZES if toy else REAL_SIZES,

@@ -8,12 +8,13 @@ ascend_dsa and ascend_dsa_fp8 (compiled, as bench context's rows are). It prints
 compiled steps and their working memory take together), beside `weights_bytes` and `cache_bytes_held` (both
 caches), so that a copy of the caches or the weights on any step shows as a peak well above their sum.
 A process of its own keeps the other rows of the sweep (eager and Inductor, each with its own buffers) out of it.
+Its peak is the kernel's high-water mark of this process (VmHWM), not `getrusage`'s, which Linux carries over
+from the parent that started it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 from typing import Any
@@ -26,21 +27,11 @@ from npu_graph.models.cache import HybridCache
 from npu_graph.models.context_layer import bf16_context_layer, real_size_config, weights_bytes
 from npu_graph.runtime import glue_upgrade
 from npu_graph.tools import context_rig
+from npu_graph.tools.process_memory import peak_bytes, resident_bytes
 
 STEPS = 3
 WARM_BLOCKS = (2, 3)
 ROWS = ("ascend_dsa", "ascend_dsa_fp8")
-
-
-def resident_bytes() -> int:
-    """This process's resident set now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def peak_resident_bytes() -> int:
-    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _decode(steps: dict[str, context_rig.Step], caches: dict[bool, HybridCache], x: torch.Tensor,
@@ -72,7 +63,7 @@ def measure(context: int, sizes: dict[str, int]) -> dict[str, Any]:
     _decode(steps, caches, x, context)
     own = compiled - weights_bytes(layer)       # interpreter, torch, the project, the compiled rows
     return {"context": context, "runtime_rss_bytes": runtime, "compiled_rss_bytes": own - runtime,
-            "peak_rss_bytes": peak_resident_bytes() - own, "process_peak_rss_bytes": peak_resident_bytes(),
+            "peak_rss_bytes": peak_bytes() - own, "process_peak_rss_bytes": peak_bytes(),
             "recompiles_at_context": counters["stats"]["unique_graphs"] - graphs,
             "weights_bytes": weights_bytes(layer),
             "cache_bytes_held": sum(context_rig.held_bytes(c) for c in caches.values())}
