@@ -98,15 +98,20 @@ def test_only_configs_that_ask_for_ascend_dsa_are_taken():
     assert plugin.asks_for_ascend_dsa(Compilation())
 
 
-def test_the_bench_row_compares_ours_warm_with_vllms_default():
-    def run(tokens, tok_s, compile_s, compiled=0, loaded=0):
-        return {"tokens": tokens, "throughput": tok_s, "ttft_s": 0.1, "compile_s": compile_s,
+def test_the_bench_row_takes_the_median_of_per_round_ratios():
+    def run(tokens, tok_s, compile_s, compiled=0, loaded=0, ttft=0.1):
+        return {"tokens": tokens, "throughput": tok_s, "ttft_s": ttft, "compile_s": compile_s, "init_s": 1.0,
                 "graphs_compiled": compiled, "graphs_loaded": loaded}
 
-    row = family_row("llama", {"eager": run([[1, 2]], 50, 0), "default": run([[1, 2]], 100, 5),
-                               "cold": run([[1, 2]], 90, 4, compiled=3), "warm": run([[1, 2]], 120, 0.2, loaded=3)})
-    assert row["tokens_equal"] and row["backend_graphs"] == 3 and row["warm_graphs_loaded"] == 3
-    assert row["throughput_ratio"] == pytest.approx(1.2) and row["warm_compile_ratio"] == pytest.approx(0.05)
-    row = family_row("llama", {"eager": run([[1, 2]], 50, 0), "default": run([[1, 2]], 100, 5),
-                               "cold": run([[1, 3]], 90, 4), "warm": run([[1, 2]], 120, 0.2)})
+    eager, cold = run([[1, 2]], 50, 0), run([[1, 2]], 90, 4, compiled=1)
+    pairs = [(run([[1, 2]], 100, 0), run([[1, 2]], 120, 0.2, loaded=1)),      # ratio 1.2
+             (run([[1, 2]], 400, 0), run([[1, 2]], 200, 0.1, loaded=1)),      # 0.5, a round under other load
+             (run([[1, 2]], 200, 0), run([[1, 2]], 300, 0.3, loaded=1, ttft=0.2))]   # 1.5
+    row = family_row("llama", eager, cold, pairs)
+    assert row["tokens_equal"] and row["default_tokens_equal"] and row["backend_graphs"] == 1
+    assert row["warm_graphs_loaded"] == 1 and row["warm_graphs_compiled"] == 0
+    assert row["round_ratios"] == pytest.approx([1.2, 0.5, 1.5]) and row["throughput_ratio"] == pytest.approx(1.2)
+    assert row["default_best_tok_s"] == 400 and row["ascend_dsa_best_tok_s"] == 300
+    assert row["ttft_ratio"] == pytest.approx(1.0) and row["warm_compile_ratio"] == pytest.approx(0.3 / 4)
+    row = family_row("llama", eager, cold, [*pairs, (run([[1, 2]], 100, 0), run([[1, 3]], 120, 0.2))])
     assert not row["tokens_equal"]

@@ -5,8 +5,11 @@ piecewise into whole-graph Inductor), and its piecewise mode reaches a custom co
 `vllm.compilation.backends.make_compiler`, which asks the platform's `get_compile_backend` (a method that is not
 told which config it serves: vLLM loads an AOT-compiled model outside any current config). `register` wraps the
 platform's config check and `make_compiler`, once per process: after the platform's own check, a config that asked
-for ascend_dsa gets it back (piecewise unless the user chose a whole-graph mode), and `make_compiler` gives
-AscendDsaCompiler to a compilation config whose backend is ascend_dsa. vLLM's
+for ascend_dsa gets it back (vLLM's compile mode unless the user chose a whole-graph mode), and `make_compiler` gives
+AscendDsaCompiler to a compilation config whose backend is ascend_dsa. Where the platform turned vLLM's piecewise
+mode into one whole-graph program (the CPU platform: Dynamo traced once, Inductor on the whole graph), the
+ascend_dsa config keeps vLLM's compile mode with no split ops (unless the user named some), so our compiler gets
+the whole model as one piece too: no Python runs between vLLM's kernels, as in vLLM's own program. vLLM's
 "mega" AOT artifact holds Inductor's compiled pieces only, so it is switched off for such a config (its AOT compile
 of the Dynamo graph stays on), and so are vLLM's Inductor fusion passes (our pipeline fuses the pieces). Configs that
 did not ask for ascend_dsa are untouched.
@@ -37,7 +40,10 @@ def select(vllm_config: Any, mode_asked: Any) -> None:
         return
     if mode_asked == CompilationMode.NONE:
         return
+    whole = compilation.mode != CompilationMode.VLLM_COMPILE    # the platform compiles one whole graph (CPU)
     compilation.mode, compilation.backend = CompilationMode.VLLM_COMPILE, BACKEND_NAME
+    if whole and compilation.splitting_ops is None:    # so do we: one piece, no Python between vLLM's kernels
+        compilation.splitting_ops = []
     os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"      # read by vLLM's worker processes, started after this
     if compilation.compile_sizes is None:   # platforms that never run piecewise (CPU) leave it unset
         compilation.compile_sizes = []

@@ -3,8 +3,9 @@
     python -m npu_graph.vllm.serve_run '{"folder": ..., "mode": "eager" | "default" | "ascend_dsa", ...}'
 
 Modes: "eager" is vLLM with `enforce_eager=True`; "default" is vLLM's default compile; "ascend_dsa" is vLLM's
-default compile mode (piecewise, AOT compile on) with `compilation_config={"backend": "ascend_dsa"}`. The engine
-runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that vLLM's own compile time can be read. Printed:
+compile mode (AOT compile on; one whole-graph piece on CPU, see npu_graph.vllm.plugin) with
+`compilation_config={"backend": "ascend_dsa"}`. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+so that vLLM's own compile time can be read. Printed:
 `tokens` (greedy ids per prompt), `init_s` (building the LLM), `compile_s` (vLLM's torch.compile time, Dynamo and
 our compiler or the load of the AOT program), `ttft_s` (the batch's time to a first token), `throughput` (new tokens
 per second over the batch; both the best of `rounds` timed rounds), `graphs_compiled` / `graphs_loaded` and
