@@ -133,3 +133,35 @@ def test_constant_masks_are_computed_once_and_returned_constants_are_fresh(monke
     prologue, main_ops = seen[-1]
     assert prologue is not None and "aten.le.Tensor" in {str(n.target) for n in prologue.graph.nodes}
     assert "aten.le.Tensor" not in main_ops and "aten.mul.Tensor" in main_ops   # the returned product stays
+
+
+class HeadSlices(torch.nn.Module):
+    """Absorbed-MLA style: per-head slices of one weight, read by batched products through einsum."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4 * (64 + 48), 64, dtype=torch.bfloat16))
+
+    def forward(self, q, latent):
+        w = self.w.view(4, 112, 64)
+        w_k, w_v = w[:, :64], w[:, 64:]
+        q_latent = torch.einsum("thd,hdc->thc", q, w_k)
+        return torch.einsum("thc,hvc->thv", q_latent * latent, w_v)
+
+
+def test_batched_products_get_their_weight_slices_contiguous_once():
+    torch.manual_seed(0)
+    model = HeadSlices()
+    backend = npu_graph.backend.Backend(npu_graph.CompilerConfig.from_options({"cache": False}))
+    compiled = torch.compile(model, backend=backend)
+    # one token, bf16: CPU bmm copies a strided operand of this size
+    q, latent = torch.randn(1, 4, 64).bfloat16(), torch.randn(1, 4, 64).bfloat16()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, latent), model(q, latent))
+        with torch.profiler.profile() as prof:
+            out = compiled(q, latent)
+        torch.testing.assert_close(out, model(q, latent))
+        copies = [e for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")]
+        assert not copies, [e.name for e in copies]
+        model.w.mul_(-1.0)                      # an in-place update reaches the materialized slices
+        torch.testing.assert_close(compiled(q, latent), model(q, latent))
