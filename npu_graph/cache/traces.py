@@ -127,13 +127,16 @@ def _numbers_past(data: bytes) -> None:
         bytecode_transformation._unique_id_counter = itertools.count(max(current, max(numbers) + 1))
 
 
-def _lookup(shelf: TraceShelf, key: str, backend: Any) -> tuple[str, dynamo_package.PrecompileCacheEntry | None]:
-    """(the key this process's trace lives under, its package when stored and usable)."""
+def _lookup(shelf: TraceShelf, key: str, backend: Any
+            ) -> tuple[str, dynamo_package.PrecompileCacheEntry | None, bool]:
+    """(the key this process's trace lives under, its package when stored and usable, whether torch could not
+    install the package kept there: an `unloadable` marker, so nobody stores it again under these versions)."""
     found = shelf.read(key)
     if found is not None and found[1] is None and found[0].get("per_rank"):
         key = trace_watch.rank_key(key)
         found = shelf.read(key)
-    return key, _read_package(found, backend)
+    unloadable = found is not None and found[1] is None and bool(found[0].get("unloadable"))
+    return key, _read_package(found, backend), unloadable
 
 
 def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_package.PrecompileCacheEntry | None:
@@ -141,10 +144,12 @@ def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_pac
     lease or with nobody else making it, will store it)."""
     shelf = TraceShelf(backend.cache.disk)
     base = trace_key(fn, backend.config.key())
-    key, entry = _lookup(shelf, base, backend)
+    key, entry, unloadable = _lookup(shelf, base, backend)
     if entry is not None:
-        _install_or_refuse(package, f"{fn.__module__}.{fn.__qualname__}")
+        _install_or_refuse(package, f"{fn.__module__}.{fn.__qualname__}", shelf, key)
         return entry
+    if unloadable:          # traced here, as without a warm cache, and not stored again
+        return None
     lease = None
     if key == base and shelf.disk.read_only is None and not making(key):
         try:
@@ -152,8 +157,8 @@ def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_pac
         except OSError as exc:
             shelf.disk.cannot_write(exc)
         if lease is None:       # stored, given up or timed out meanwhile
-            key, entry = _lookup(shelf, base, backend)
-            if entry is not None:
+            key, entry, unloadable = _lookup(shelf, base, backend)
+            if entry is not None or unloadable:
                 return entry
     if shelf.disk.read_only is None:
         with STATE.lock:
@@ -163,12 +168,15 @@ def open_trace(fn: Callable[..., Any], backend: Any, package: Any) -> dynamo_pac
 
 
 class TraceNotLoadedWarning(UserWarning):
-    """torch could not install a kept trace (a guard it cannot rebuild in a new process): the function is traced."""
+    """torch could not install a kept trace (a guard it cannot rebuild in a new process): the function is traced,
+    and the trace is marked `unloadable` in the cache so that later processes trace at once, without the warning."""
 
 
-def _install_or_refuse(package: Any, function: str) -> None:
+def _install_or_refuse(package: Any, function: str, shelf: TraceShelf, key: str) -> None:
     """Make torch's install of a kept package fail the way torch recovers from (a RuntimeError: torch then traces
-    the function as usual), with one warning, whatever torch raises rebuilding its guards."""
+    the function as usual), with one warning, whatever torch raises rebuilding its guards; the package's place
+    under `key` then holds an `unloadable` marker (the key carries torch's version and the traced sources, so a
+    new torch or changed code tries again)."""
     if package is None:
         return
     install = type(package).install
@@ -177,9 +185,11 @@ def _install_or_refuse(package: Any, function: str) -> None:
         try:
             install(package, backends)
         except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"ascend_dsa: the Dynamo trace of {function} kept in the compile cache cannot be loaded by "
-                          f"torch ({type(exc).__name__}: {exc}); it is traced as without a warm cache",
-                          TraceNotLoadedWarning, stacklevel=2)
+                          f"torch ({reason}); it is traced as without a warm cache, and marked so that later "
+                          "processes do not try it again", TraceNotLoadedWarning, stacklevel=2)
+            shelf.write(key, None, {"unloadable": reason[:500], "function": function})
             package._initialized = False    # torch initializes it again, empty, and traces
             raise RuntimeError(f"kept trace of {function} not loaded") from exc
         finally:

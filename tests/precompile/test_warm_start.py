@@ -63,10 +63,39 @@ def test_a_kept_trace_torch_cannot_install_is_traced_with_one_warning():
         def install(self, backends):
             raise AttributeError("'_Missing' object has no attribute '__defaults__'")
 
-    package = Package()
-    traces._install_or_refuse(package, "m.f")
+    class Shelf:
+        def __init__(self):
+            self.written = []
+
+        def write(self, key, package, meta):
+            self.written.append((key, package, meta))
+
+    package, shelf = Package(), Shelf()
+    traces._install_or_refuse(package, "m.f", shelf, "k" * 64)
     with pytest.warns(traces.TraceNotLoadedWarning, match=r"m\.f kept in the compile cache cannot be loaded .*"
                       r"AttributeError.*traced as without a warm cache"), \
             pytest.raises(RuntimeError, match=r"kept trace of m\.f not loaded"):
         package.install({})
     assert not package._initialized and "install" not in vars(package)
+    assert shelf.written == [("k" * 64, None, {"unloadable": "AttributeError: '_Missing' object has no attribute "
+                                                               "'__defaults__'", "function": "m.f"})]
+
+
+def test_a_trace_marked_unloadable_is_traced_at_once_and_not_stored_again(tmp_path):
+    """The next process finds the marker: no package to try, no lease taken, nothing left to store."""
+    import npu_graph
+    from npu_graph.cache import trace_pending, traces
+    from npu_graph.cache.trace_store import TraceShelf
+
+    def fn(x):
+        return x + 1
+
+    backend = npu_graph.Backend(npu_graph.CompilerConfig.from_options({"cache_dir": str(tmp_path)}))
+    shelf = TraceShelf(backend.cache.disk)
+    key = traces.trace_key(fn, backend.config.key())
+    assert shelf.write(key, None, {"unloadable": "AttributeError: x", "function": "fn"})
+    pending = dict(trace_pending.STATE.pending)
+    assert traces.open_trace(fn, backend, object()) is None
+    assert trace_pending.STATE.pending == pending
+    assert not os.path.exists(os.path.join(shelf.disk.base, "locks", f"trace-{key}.lease"))
+    assert shelf.read(key)[0]["unloadable"] == "AttributeError: x"
