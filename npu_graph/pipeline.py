@@ -46,9 +46,11 @@ from npu_graph.passes import (
     reinplace_functionalized,
     reinplace_input_writes,
     short_depthwise_conv,
+    vllm_ops,
 )
 
 PASSES: list[ModuleType] = [
+    vllm_ops,
     canonical_form,
     canonicalize,
     short_depthwise_conv,
