@@ -85,6 +85,11 @@ def test_serving_modes_are_configuration_only():
     assert serve_run.llm_options("eager", "m", 4)["enforce_eager"] is True
     assert serve_run.llm_options("ascend_dsa", "m", 4)["compilation_config"] == {"backend": "ascend_dsa"}
     assert "compilation_config" not in serve_run.llm_options("default", "m", 4)
+    custom = ["+rms_norm", "+silu_and_mul"]
+    assert serve_run.llm_options("ascend_dsa", "m", 4, custom)["compilation_config"] == {
+        "backend": "ascend_dsa", "custom_ops": custom}
+    assert serve_run.llm_options("default", "m", 4, custom)["compilation_config"] == {"custom_ops": custom}
+    assert "compilation_config" not in serve_run.llm_options("eager", "m", 4, custom)
     with pytest.raises(ValueError, match="mode='fast'"):
         serve_run.llm_options("fast", "m", 4)
 

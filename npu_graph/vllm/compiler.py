@@ -27,11 +27,13 @@ from npu_graph.cache.precompiled import PrecompiledGraph
 LOG_NAME = "compile_log.jsonl"
 
 
-def _log(folder: str | None, event: str, seconds: float, graph: str, cache: str = "") -> None:
+def _log(folder: str | None, event: str, seconds: float, graph: str, cache: str = "",
+         fused_ops: dict[str, int] | None = None) -> None:
     if folder is None:
         return
     os.makedirs(folder, exist_ok=True)
-    record = {"event": event, "seconds": seconds, "graph": graph, "cache": cache, "pid": os.getpid()}
+    record = {"event": event, "seconds": seconds, "graph": graph, "cache": cache, "pid": os.getpid(),
+              "fused_ops": fused_ops or {}}
     with open(os.path.join(folder, LOG_NAME), "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -58,10 +60,12 @@ class AscendDsaCompiler(CompilerInterface):
     def compile(self, graph: torch.fx.GraphModule, example_inputs: list[Any], compiler_config: dict[str, Any],
                 compile_range: Any, key: str | None = None) -> tuple[Callable[..., Any] | None, Any | None]:
         start = time.perf_counter()
-        compiled = _backend_for(self.folder)(graph, example_inputs)
+        backend = _backend_for(self.folder)
+        compiled = backend(graph, example_inputs)
         if not isinstance(compiled, PrecompiledGraph):      # the graph fell back to eager (one warning said why)
             return compiled, None
-        _log(self.folder, "compile", time.perf_counter() - start, compiled.name, compiled.key or "")
+        _log(self.folder, "compile", time.perf_counter() - start, compiled.name, compiled.key or "",
+             _fused_ops(backend))
         return compiled, ((compiled.key, compiled.name) if compiled.key and self.folder else None)
 
     def load(self, handle: Any, graph: torch.fx.GraphModule, example_inputs: list[Any], graph_index: int,
@@ -91,7 +95,13 @@ def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Call
     """The torch.compile backend vLLM's whole-graph modes resolve (by this qualified name) for ascend_dsa."""
     folder = _vllm_folder()
     start = time.perf_counter()
-    compiled = _backend_for(folder)(gm, example_inputs)
+    backend = _backend_for(folder)
+    compiled = backend(gm, example_inputs)
     if isinstance(compiled, PrecompiledGraph):
-        _log(folder, "compile", time.perf_counter() - start, compiled.name, compiled.key or "")
+        _log(folder, "compile", time.perf_counter() - start, compiled.name, compiled.key or "", _fused_ops(backend))
     return compiled
+
+
+def _fused_ops(backend: Backend) -> dict[str, int]:
+    """The fused ops in the graph the backend compiled last (its report)."""
+    return dict(backend.reports[-1].fused_ops) if backend.reports else {}

@@ -9,7 +9,8 @@ so that vLLM's own compile time can be read. Printed:
 `tokens` (greedy ids per prompt), `init_s` (building the LLM), `compile_s` (vLLM's torch.compile time, Dynamo and
 our compiler or the load of the AOT program), `ttft_s` (the batch's time to a first token), `throughput` (new tokens
 per second over the batch; both the best of `rounds` timed rounds), `graphs_compiled` / `graphs_loaded` and
-`backend_s` (what the ascend_dsa compiler did in this process, from its compile log).
+`backend_s` (what the ascend_dsa compiler did in this process, from its compile log) and `fused_ops` (the fused
+ops in the graphs it compiled). `custom_ops` in the spec enables vLLM's custom ops under compile.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from typing import Any
 MODES = ("eager", "default", "ascend_dsa")
 
 
-def llm_options(mode: str, folder: str, max_num_seqs: int) -> dict[str, Any]:
-    """vLLM's `LLM(...)` arguments for `mode` (the checkpoint has no tokenizer: prompts are token ids)."""
+def llm_options(mode: str, folder: str, max_num_seqs: int, custom_ops: list[str] | None = None) -> dict[str, Any]:
+    """vLLM's `LLM(...)` arguments for `mode` (the checkpoint has no tokenizer: prompts are token ids);
+    `custom_ops` (e.g. ["+rms_norm", "+silu_and_mul"]) goes into the compile modes' compilation config."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not a serving mode; choose one of {MODES}")
     options: dict[str, Any] = {"model": folder, "skip_tokenizer_init": True, "dtype": "float32", "seed": 0,
@@ -33,6 +35,8 @@ def llm_options(mode: str, folder: str, max_num_seqs: int) -> dict[str, Any]:
         options["enforce_eager"] = True
     elif mode == "ascend_dsa":
         options["compilation_config"] = {"backend": "ascend_dsa"}
+    if custom_ops and mode != "eager":
+        options["compilation_config"] = {**options.get("compilation_config", {}), "custom_ops": list(custom_ops)}
     return options
 
 
@@ -58,7 +62,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
 
     requests = [{"prompt_token_ids": ids} for ids in prompts(count)]
     start = time.perf_counter()
-    llm = LLM(**llm_options(spec["mode"], spec["folder"], count))
+    llm = LLM(**llm_options(spec["mode"], spec["folder"], count, spec.get("custom_ops")))
     init = time.perf_counter() - start
     greedy = dict(temperature=0.0, detokenize=False, ignore_eos=True)
     ttft, seconds = [], []
@@ -76,7 +80,16 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
             "throughput": produced / min(seconds),
             "graphs_compiled": sum(e["event"] == "compile" for e in events),
             "graphs_loaded": sum(e["event"] == "load" for e in events),
+            "fused_ops": _merged(e.get("fused_ops", {}) for e in events),
             "backend_s": sum(e["seconds"] for e in events)}
+
+
+def _merged(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for count in counts:
+        for name, n in count.items():
+            total[name] = total.get(name, 0) + n
+    return total
 
 
 if __name__ == "__main__":

@@ -29,3 +29,14 @@ def test_ascend_dsa_serves_the_eager_tokens_and_starts_warm_without_compiling(tm
     assert warm["graphs_compiled"] == 0 and warm["graphs_loaded"] == cold["graphs_compiled"]
     assert warm["compile_s"] <= 0.2 * cold["compile_s"], (warm["compile_s"], cold["compile_s"])
     assert os.listdir(os.path.join(ours, "torch_compile_cache"))
+
+
+def test_vllm_custom_norm_ops_are_fused_and_serve_the_eager_tokens(tmp_path):
+    """With vLLM's custom RMSNorm and SiLU-and-mul ops on, the norms reach the backend as `_C` calls: they become
+    ascend_dsa's fused norms (the vllm_ops pass), and the tokens stay the eager ones."""
+    spec = {"folder": build_checkpoint("llama", str(tmp_path / "llama")), "prompts": 4, "new_tokens": 32}
+    eager = serve_in_child({**spec, "mode": "eager"}, str(tmp_path / "eager"))
+    ours = serve_in_child({**spec, "mode": "ascend_dsa", "custom_ops": ["+rms_norm", "+silu_and_mul"]},
+                          str(tmp_path / "ours"))
+    assert ours["tokens"] == eager["tokens"]
+    assert ours["fused_ops"].get("add_rms_norm", 0) >= 1 and ours["fused_ops"].get("rms_norm", 0) >= 1, ours
