@@ -108,16 +108,46 @@ void sm_mm_nt(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w,
 #define BF16_DOT_ROWS 4    /* weight rows per pass of the dot form (x read once for them; M x 4 sums in registers) */
 #define COL_BLOCK 2048     /* columns per block of the [K, N] form: MAX_ROWS x 8 KB of fp32 sums */
 #define BF16_PARALLEL_MIN (1 << 19)   /* bf16 weight values (1 MB) below which one thread reads them all */
+#define PAIRS (2 * VL)     /* bf16 values in one vector of VL 32-bit lanes */
+
+/* PAIRS bf16 values at p, as VL 32-bit lanes of two values each; even_bf16 / odd_bf16 widen the values at even /
+ * odd positions to fp32 (the low half shifted up, the high half masked): two instructions per PAIRS values. */
+static inline vu vload_pairs(const uint16_t *p) {
+    vu v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline vf even_bf16(vu v) { return (vf)(v << 16); }
+
+static inline vf odd_bf16(vu v) { return (vf)(v & 0xFFFF0000u); }
 
 /* s[m][r] = x[m] . w[r] over K values for M rows of x (row stride ldx) and R weight rows (row stride ldw):
- * widened to fp32 a vector at a time, fused multiply-adds, the tail one value at a time. M and R are constants
- * at every call, so the sums live in registers. */
+ * widened to fp32 PAIRS values at a time (the even and the odd ones apart: each sum takes both), fused
+ * multiply-adds, the tail by VL values and then one at a time. M and R are constants at every call, so the sums
+ * live in registers. */
 static inline __attribute__((always_inline)) void dots_widened(const uint16_t *restrict x, int64_t ldx, const int M,
         const uint16_t *restrict w, int64_t ldw, const int R, int64_t K, float s[MAX_ROWS][BF16_DOT_ROWS]) {
     vf acc[MAX_ROWS][BF16_DOT_ROWS];
     for (int m = 0; m < M; m++)
         for (int r = 0; r < R; r++) acc[m][r] = splat(0.0f);
     int64_t k = 0;
+    for (; k + PAIRS <= K; k += PAIRS) {
+        vf we[BF16_DOT_ROWS], wo[BF16_DOT_ROWS];
+        for (int r = 0; r < R; r++) {
+            vu v = vload_pairs(w + r * ldw + k);
+            we[r] = even_bf16(v);
+            wo[r] = odd_bf16(v);
+        }
+        for (int m = 0; m < M; m++) {
+            vu v = vload_pairs(x + m * ldx + k);
+            vf xe = even_bf16(v), xo = odd_bf16(v);
+            for (int r = 0; r < R; r++) {
+                acc[m][r] += xe * we[r];
+                acc[m][r] += xo * wo[r];
+            }
+        }
+    }
     for (; k + VL <= K; k += VL) {
         vf wv[BF16_DOT_ROWS];
         for (int r = 0; r < R; r++) wv[r] = vload_bf16(w + r * ldw + k);
@@ -183,7 +213,9 @@ static inline __attribute__((always_inline)) void dot_columns(const uint16_t *x,
     }
 }
 
-/* acc[m][0, nb) += x[m][k] * w[k][0, nb) for k in [0, K), ROW_UNROLL weight rows per pass over acc. */
+/* acc[m][0, nb) += x[m][k] * w[k][0, nb) for k in [0, K), ROW_UNROLL weight rows per pass over acc. Each whole
+ * group of PAIRS columns keeps its even columns' sums, then its odd ones' (even_bf16, odd_bf16: store_sums puts
+ * them back in order); the columns past the last group are in order. */
 static inline __attribute__((always_inline)) void accumulate_bf16_rows(const uint16_t *x, int64_t ldx, const int M,
         const uint16_t *w, int64_t ldw, int64_t K, int64_t nb, float acc[MAX_ROWS][COL_BLOCK]) {
     int64_t k = 0;
@@ -193,10 +225,15 @@ static inline __attribute__((always_inline)) void accumulate_bf16_rows(const uin
         for (int m = 0; m < M; m++)
             for (int u = 0; u < ROW_UNROLL; u++) xs[m][u] = load_value(x, BF16, m * ldx + k + u);
         int64_t j = 0;
-        for (; j + VL <= nb; j += VL) {
-            vf w0 = vload_bf16(r0 + j), w1 = vload_bf16(r1 + j), w2 = vload_bf16(r2 + j), w3 = vload_bf16(r3 + j);
-            for (int m = 0; m < M; m++)
-                vstore(acc[m] + j, vload(acc[m] + j) + xs[m][0] * w0 + xs[m][1] * w1 + xs[m][2] * w2 + xs[m][3] * w3);
+        for (; j + PAIRS <= nb; j += PAIRS) {
+            vu v0 = vload_pairs(r0 + j), v1 = vload_pairs(r1 + j), v2 = vload_pairs(r2 + j), v3 = vload_pairs(r3 + j);
+            for (int m = 0; m < M; m++) {
+                float *a = acc[m] + j;
+                vstore(a, vload(a) + xs[m][0] * even_bf16(v0) + xs[m][1] * even_bf16(v1) + xs[m][2] * even_bf16(v2) +
+                              xs[m][3] * even_bf16(v3));
+                vstore(a + VL, vload(a + VL) + xs[m][0] * odd_bf16(v0) + xs[m][1] * odd_bf16(v1) +
+                                   xs[m][2] * odd_bf16(v2) + xs[m][3] * odd_bf16(v3));
+            }
         }
         for (; j < nb; j++)
             for (int m = 0; m < M; m++)
@@ -206,8 +243,25 @@ static inline __attribute__((always_inline)) void accumulate_bf16_rows(const uin
     for (; k < K; k++)
         for (int m = 0; m < M; m++) {
             float xv = load_value(x, BF16, m * ldx + k);
-            for (int64_t j = 0; j < nb; j++) acc[m][j] += xv * load_value(w, BF16, k * ldw + j);
+            int64_t j = 0;
+            for (; j + PAIRS <= nb; j += PAIRS) {
+                vu v = vload_pairs(w + k * ldw + j);
+                vstore(acc[m] + j, vload(acc[m] + j) + xv * even_bf16(v));
+                vstore(acc[m] + j + VL, vload(acc[m] + j + VL) + xv * odd_bf16(v));
+            }
+            for (; j < nb; j++) acc[m][j] += xv * load_value(w, BF16, k * ldw + j);
         }
+}
+
+/* y[0, nb) = acc[0, nb) rounded to bf16, acc in accumulate_bf16_rows's order: a group's even and odd sums
+ * rounded, then put together as the group's PAIRS values. */
+static void store_sums(uint16_t *y, const float *acc, int64_t nb) {
+    int64_t j = 0;
+    for (; j + PAIRS <= nb; j += PAIRS) {
+        vu bits = vbf16_rounded(vload(acc + j)) | (vbf16_rounded(vload(acc + j + VL)) << 16);
+        memcpy(y + j, &bits, sizeof bits);
+    }
+    for (; j < nb; j++) store_value(y, BF16, j, acc[j]);
 }
 
 /* y[m][n] for n in [j0, j1) of x @ w with w [K, N] (row stride ldw, n contiguous), COL_BLOCK columns at a time. */
@@ -218,7 +272,7 @@ static inline __attribute__((always_inline)) void row_columns(const uint16_t *x,
         int64_t nb = j1 - jb < COL_BLOCK ? j1 - jb : COL_BLOCK;
         for (int m = 0; m < M; m++) memset(acc[m], 0, (size_t)nb * sizeof(float));
         accumulate_bf16_rows(x, ldx, M, w + jb, ldw, K, nb, acc);
-        for (int m = 0; m < M; m++) row_from_f32(y + m * ldy + jb, BF16, acc[m], nb);
+        for (int m = 0; m < M; m++) store_sums(y + m * ldy + jb, acc[m], nb);
     }
 }
 
