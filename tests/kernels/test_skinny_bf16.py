@@ -123,6 +123,14 @@ def test_bf16_classes_are_apart_from_fp32_and_by_layout():
     assert len(classes) == 3 and all(cls[0] == "bf16" for cls in classes)
 
 
+def test_a_weights_span_counts_every_layout():
+    """The bytes a product reads from (what is evicted before a measurement, and what makes a weight streamed): the
+    same for a weight and its transposed view, and for a batch of them."""
+    w = torch.empty(8, 64, 32, dtype=torch.bfloat16)
+    assert skinny_mm._span_bytes(w) == skinny_mm._span_bytes(w.transpose(1, 2)) == w.numel() * 2
+    assert skinny_mm._span_bytes(w[0, :, :16]) == (63 * 32 + 16) * 2
+
+
 @needs_native
 def test_measured_dispatch_keeps_the_faster_path(monkeypatch, tmp_path):
     """In auto mode each bf16 class is measured (apart from fp32's) and the plan follows the choice."""
