@@ -13,7 +13,7 @@ the output dims, and no autograd, and for bf16 ones with at most MAX_ROWS rows a
 either dim (kernels/aten/skinny_bf16.py: fp32 sums, the result rounded to bf16 as aten.mm rounds it; its shape
 classes are apart from fp32's); everything else (and every product when the native library is not built or
 ASCEND_DSA_NATIVE=0) goes to aten.mm unchanged. `linear` does the same for x @ w.T with a linear layer's
-weight as stored (fused_moe's decode experts). The kernels sum in another order than a BLAS gemm: results
+weight as stored (fused_moe's decode experts), bf16 included. The kernels sum in another order than a BLAS gemm: results
 agree with aten.mm to fp32 rounding.
 """
 from __future__ import annotations
@@ -160,14 +160,16 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
 
 
 def bf16_product(op: str, plans: call_plans.Plans, signature: tuple, x: Tensor, w: Tensor,
-                 torch_plan: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """x @ w for bf16 operands that kernels/aten/skinny_bf16.py `takes`, native where dispatch measured it faster
-    for `op` (weights of half a core's cache or more evicted before each timed call), else torch_plan; the choice
-    is stored as the signature's plan."""
+                 torch_plan: Callable[[Tensor, Tensor], Tensor], read: Tensor | None = None) -> Tensor:
+    """torch_plan(x, w) for bf16 operands, through kernels/aten/skinny_bf16.py's product of x and `read` (w as the
+    kernel reads it, a [K, N] view of w's storage; w itself where not given: mm and bmm) where dispatch measured it
+    faster for `op` (weights of half a core's cache or more evicted before each timed call), else torch_plan; the
+    choice is stored as the signature's plan (a native plan reads only w's data pointer)."""
     lib = native.load(NATIVE_SOURCE).lib
-    streamed = _streamed(w)
-    cls = skinny_bf16.shape_class(x, w, streamed)
-    plan = skinny_bf16.plan(skinny_bf16.kernel(lib), x, w, torch_plan)
+    read = w if read is None else read
+    streamed = _streamed(read)
+    cls = skinny_bf16.shape_class(x, read, streamed)
+    plan = skinny_bf16.plan(skinny_bf16.kernel(lib), x, read, torch_plan)
     result = dispatch.run(op, NATIVE_SOURCE, cls, lambda: plan(x, w), lambda: torch_plan(x, w),
                           _evictor(lib, w) if streamed else None)
     _planned(plans, signature, cls, plan, torch_plan)
@@ -273,6 +275,8 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     if plan is not None:
         return plan(x, w)
     loaded = native.load(NATIVE_SOURCE)
+    if loaded and w.dim() == 2 and skinny_bf16.takes(x, w.t()):
+        return bf16_product("skinny_linear", _LINEAR_PLANS, signature, x, w, _torch_linear, w.t())
     if not (loaded and _takes(x, w, 1)):
         _LINEAR_PLANS.put(signature, _torch_linear)
         return F.linear(x, w)

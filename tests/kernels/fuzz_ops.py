@@ -179,7 +179,8 @@ def fuzz_skinny_mm(data: st.DataObject) -> None:
 
 
 def fuzz_skinny_bf16(data: st.DataObject) -> None:
-    """bf16 mm (batch 0) and bmm, the weight row-major or the transposed view of a stored [N, K] one."""
+    """bf16 mm (batch 0) and bmm, the weight row-major or the transposed view of a stored [N, K] one (which
+    skinny_mm.linear takes as stored)."""
     batch, m, k, n = (data.draw(st.integers(0, 3)), data.draw(st.integers(0, 6)), data.draw(st.integers(0, 70)),
                       data.draw(st.integers(0, 70)))
     transposed = data.draw(st.booleans())
@@ -187,6 +188,9 @@ def fuzz_skinny_bf16(data: st.DataObject) -> None:
     lead = (batch,) if batch else ()
     x = _values(data, (*lead, m, k), torch.bfloat16)
     w = _values(data, (*lead, n, k) if transposed else (*lead, k, n), torch.bfloat16)
+    if transposed and not batch and data.draw(st.booleans(), label="linear"):
+        _close(*_both(lambda: skinny_mm.linear(x, w)), tol=1e-2)
+        return
     w = w.transpose(-1, -2) if transposed else w
     _close(*_both(lambda: skinny_bmm.bmm(x, w) if batch else skinny_mm.mm(x, w)), tol=1e-2)
 

@@ -37,10 +37,12 @@ def weight(inner, cols, transposed, g, batch=()):
 
 @pytest.fixture
 def native_only(monkeypatch):
-    """Native kernels forced (no measurement) and the torch fallbacks raising: the native kernel did the work."""
+    """Native kernels forced (no measurement) and the torch fallbacks raising: the native kernel did the work.
+    Its value is the monkeypatch, for more of them."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     refuse(monkeypatch, skinny_mm, "_aten_mm", "_aten_mm_out", said="fell back to torch")
     refuse(monkeypatch, skinny_bmm, "_aten_bmm", said="fell back to torch")
+    return monkeypatch
 
 
 @needs_native
@@ -53,6 +55,17 @@ def test_products_match_the_exact_one(rows, inner, cols, transposed, native_only
     g = torch.Generator().manual_seed(rows * inner + cols)
     x, w = bf16(rows, inner, g=g), weight(inner, cols, transposed, g)
     assert_within_bf16_rounding(skinny_mm.mm(x, w), x, w)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_layers_weights_as_stored(rows, native_only):
+    """skinny_mm.linear (fused_moe's decode experts): x @ w.T for a bf16 [N, K] weight, read as stored."""
+    refuse(native_only, skinny_mm.F, "linear", said="fell back to torch")
+    g = torch.Generator().manual_seed(rows)
+    x, w = bf16(rows, 517, g=g), bf16(300, 517, g=g)
+    for _ in range(2):                                                 # the first call, then the plan
+        assert_within_bf16_rounding(skinny_mm.linear(x, w), x, w.t())
 
 
 @needs_native
