@@ -9,9 +9,11 @@ When the runtime builds a CompiledGraph it binds the generated source's `torch.o
 to the native product (`bind`, as direct_calls binds the fused ops; the stored source and the cache keep the
 aten form; ASCEND_DSA_NATIVE=0 is read then, not at every product).
 `mm` takes the native kernel for fp32 CPU tensors with at most MAX_ROWS rows, unit stride along the reduced and
-the output dims, and no autograd; everything else (and every product when the native library is not built or
+the output dims, and no autograd, and for bf16 ones with at most MAX_ROWS rows and a weight of unit stride along
+either dim (kernels/aten/skinny_bf16.py: fp32 sums, the result rounded to bf16 as aten.mm rounds it; its shape
+classes are apart from fp32's); everything else (and every product when the native library is not built or
 ASCEND_DSA_NATIVE=0) goes to aten.mm unchanged. `linear` does the same for x @ w.T with a linear layer's
-weight as stored (fused_moe's decode experts). The kernels sum in another order than a BLAS gemm: results
+weight as stored (fused_moe's decode experts), bf16 included. The kernels sum in another order than a BLAS gemm: results
 agree with aten.mm to fp32 rounding.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd import profiler as autograd_profiler
 
+from npu_graph.kernels.aten import skinny_bf16
 from npu_graph.kernels.native import call_plans, dispatch
 from npu_graph.kernels.native import loader as native
 from npu_graph.kernels.native import prototypes as native_prototypes
@@ -61,8 +64,8 @@ def core_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
 
 
 def _span_bytes(w: Tensor) -> int:
-    """Bytes from w's first element to its last (rows may be padded: stride(0) >= its row)."""
-    return ((w.shape[0] - 1) * w.stride(0) + w.shape[1]) * w.element_size()
+    """Bytes from w's first element to its last (rows may be padded: stride(0) >= its row; any layout)."""
+    return (sum((size - 1) * stride for size, stride in zip(w.shape, w.stride())) + 1) * w.element_size()
 
 
 def _streamed(w: Tensor) -> bool:
@@ -90,7 +93,7 @@ def _takes(x: Tensor, w: Tensor, w_inner: int) -> bool:
             and not ((x.requires_grad or w.requires_grad) and torch.is_grad_enabled()))
 
 
-def _signature(x: Tensor, w: Tensor) -> tuple:
+def call_signature(x: Tensor, w: Tensor) -> tuple:
     """Everything `_takes` and a plan read (kernels/native/call_plans)."""
     return (x.shape, x.stride(), x.dtype, x.is_cpu, w.shape, w.stride(), w.dtype, w.is_cpu,
             (x.requires_grad or w.requires_grad) and torch.is_grad_enabled())
@@ -138,11 +141,13 @@ _LINEAR_PLANS = call_plans.Plans("skinny_linear")
 def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     """x @ w through the native kernel where it applies and kernels/native/dispatch.py measured it faster, else aten.mm:
     decided once per signature (kernels/native/call_plans)."""
-    signature = _signature(x, w)
+    signature = call_signature(x, w)
     plan = _MM_PLANS.get(signature)
     if plan is not None:
         return plan(x, w)
     if not _takes(x, w, 0):
+        if skinny_bf16.takes(x, w):
+            return bf16_product("skinny_mm", _MM_PLANS, signature, x, w, _torch_mm)
         _MM_PLANS.put(signature, _torch_mm)
         return _aten_mm(x, w)
     streamed = _streamed(w)
@@ -151,6 +156,23 @@ def _native_mm(kernel: Callable[..., int], x: Tensor, w: Tensor) -> Tensor:
     result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: plan(x, w), lambda: _aten_mm(x, w),
                           _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
     _planned(_MM_PLANS, signature, cls, plan, _torch_mm)
+    return result
+
+
+def bf16_product(op: str, plans: call_plans.Plans, signature: tuple, x: Tensor, w: Tensor,
+                 torch_plan: Callable[[Tensor, Tensor], Tensor], read: Tensor | None = None) -> Tensor:
+    """torch_plan(x, w) for bf16 operands, through kernels/aten/skinny_bf16.py's product of x and `read` (w as the
+    kernel reads it, a [K, N] view of w's storage; w itself where not given: mm and bmm) where dispatch measured it
+    faster for `op` (weights of half a core's cache or more evicted before each timed call), else torch_plan; the
+    choice is stored as the signature's plan (a native plan reads only w's data pointer)."""
+    lib = native.load(NATIVE_SOURCE).lib
+    read = w if read is None else read
+    streamed = _streamed(read)
+    cls = skinny_bf16.shape_class(x, read, streamed)
+    plan = skinny_bf16.plan(skinny_bf16.kernel(lib), x, read, torch_plan)
+    result = dispatch.run(op, NATIVE_SOURCE, cls, lambda: plan(x, w), lambda: torch_plan(x, w),
+                          _evictor(lib, w) if streamed else None)
+    _planned(plans, signature, cls, plan, torch_plan)
     return result
 
 
@@ -186,10 +208,12 @@ def _mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor,
     the native product where it applies and kernels/native/dispatch.py measured it faster (the class `_native_mm`
     measures), else torch.mm into out, on one thread when small; decided once per signature. Returns the result
     and the signature's plan (None while dispatch has no choice for its class)."""
-    signature = (_signature(x, w), out.shape, out.stride(), out.dtype, out.is_cpu)
+    signature = (call_signature(x, w), out.shape, out.stride(), out.dtype, out.is_cpu)
     plan = _MM_OUT_PLANS.get(signature)
     if plan is not None:
         return plan(x, w, out), plan
+    if skinny_bf16.takes(x, w) and skinny_bf16.fits(out, x, w):
+        return _bf16_mm_out(signature, x, w, out)
     if not (_takes(x, w, 0) and _fits(out, x.shape[0], w.shape[1])):
         _MM_OUT_PLANS.put(signature, _torch_mm_out)
         return _aten_mm_out(x, w, out=out), _torch_mm_out
@@ -198,6 +222,17 @@ def _mm_out(kernel: Callable[..., int], x: Tensor, w: Tensor,
     plan = _native_out_plan(kernel, x, w)
     result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: plan(x, w, out), lambda: _aten_mm_out(x, w, out=out),
                           _evictor(native.load(NATIVE_SOURCE).lib, w) if streamed else None)
+    return result, _planned(_MM_OUT_PLANS, signature, cls, plan, _torch_mm_out)
+
+
+def _bf16_mm_out(signature: tuple, x: Tensor, w: Tensor, out: Tensor) -> tuple[Tensor, Callable[..., Tensor] | None]:
+    """_mm_out for bf16 operands (kernels/aten/skinny_bf16.py), in the class bf16 `mm` measures."""
+    lib = native.load(NATIVE_SOURCE).lib
+    streamed = _streamed(w)
+    cls = skinny_bf16.shape_class(x, w, streamed)
+    plan = skinny_bf16.out_plan(skinny_bf16.kernel(lib), x, w, _aten_mm_out)
+    result = dispatch.run("skinny_mm", NATIVE_SOURCE, cls, lambda: plan(x, w, out),
+                          lambda: _aten_mm_out(x, w, out=out), _evictor(lib, w) if streamed else None)
     return result, _planned(_MM_OUT_PLANS, signature, cls, plan, _torch_mm_out)
 
 
@@ -235,11 +270,13 @@ def mm(x: Tensor, w: Tensor) -> Tensor:
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T for x [M, K] and a linear layer's weight w [N, K] (F.linear without bias), through the native
     kernel where it applies, else F.linear; decided once per signature (kernels/native/call_plans)."""
-    signature = _signature(x, w)
+    signature = call_signature(x, w)
     plan = _LINEAR_PLANS.get(signature)
     if plan is not None:
         return plan(x, w)
     loaded = native.load(NATIVE_SOURCE)
+    if loaded and w.dim() == 2 and skinny_bf16.takes(x, w.t()):
+        return bf16_product("skinny_linear", _LINEAR_PLANS, signature, x, w, _torch_linear, w.t())
     if not (loaded and _takes(x, w, 1)):
         _LINEAR_PLANS.put(signature, _torch_linear)
         return F.linear(x, w)

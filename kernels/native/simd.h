@@ -162,14 +162,17 @@ static inline void row_to_f32(float *restrict dst, const void *src, int dtype, i
     for (; i < n; i++) dst[i] = load_value(src, dtype, i);
 }
 
-/* VL fp32 values to bf16 bits, rounded to nearest even; NaN stays NaN (quiet). */
-static inline vh vbf16_bits(vf x) {
+/* VL fp32 values rounded to bf16 (nearest even; NaN stays NaN, quiet), the bits in each lane's low 16. */
+static inline vu vbf16_rounded(vf x) {
     vu u = (vu)x;
     vu rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     vu nan = (u >> 16) | 0x40u;
     vu is_nan = (vu)((u & 0x7FFFFFFFu) > 0x7F800000u);
-    return __builtin_convertvector((rounded & ~is_nan) | (nan & is_nan), vh);
+    return (rounded & ~is_nan) | (nan & is_nan);
 }
+
+/* VL fp32 values to bf16 bits, rounded to nearest even; NaN stays NaN (quiet). */
+static inline vh vbf16_bits(vf x) { return __builtin_convertvector(vbf16_rounded(x), vh); }
 
 /* n fp32 values at src stored as dtype at dst (bf16: nearest even, as store_value; fp16: the hardware's
  * rounding, nearest even): whole vectors, then the tail one by one. */

@@ -9,9 +9,9 @@ dispatcher ends up in, so results are identical (the runtime runs the graph insi
 made at trace time). An ATen overload is its Python binding where that takes the same arguments
 (PYTHON_BINDINGS), else the C++ callable its `__call__` forwards to; the overloads whose kernels fork a thread
 team for tiny work run small calls on one thread (npu_graph.runtime.serial_calls). A native kernel (skinny_mm,
-depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen overload. A
-call of an op that writes its arguments (`auto_functionalized_v2`) is npu_graph.runtime.functionalized.call, which
-calls the op itself where nothing is copied.
+skinny_bmm, depthwise_conv1d, dense_attention) is its native entry where the library is loaded, else the ATen
+overload. A call of an op that writes its arguments (`auto_functionalized_v2`) is
+npu_graph.runtime.functionalized.call, which calls the op itself where nothing is copied.
 
 `AS_TRACED` binds every name to the torch.ops overload itself: the source as Dynamo and Inductor trace it.
 """
@@ -23,12 +23,13 @@ from typing import Any
 import torch
 from torch._library import custom_ops
 
-from npu_graph.kernels.aten import dense_attention, depthwise_conv1d, skinny_mm
+from npu_graph.kernels.aten import dense_attention, depthwise_conv1d, skinny_bmm, skinny_mm
 from npu_graph.runtime import functionalized
 from npu_graph.runtime.serial_calls import serial_when_small
 from npu_graph.targets.cpu_bindings import FUSED_PREFIX
 
-NATIVE_MODULES = {"skinny_mm": skinny_mm, "depthwise_conv1d": depthwise_conv1d, "dense_attention": dense_attention}
+NATIVE_MODULES = {"skinny_mm": skinny_mm, "skinny_bmm": skinny_bmm, "depthwise_conv1d": depthwise_conv1d,
+                  "dense_attention": dense_attention}
 
 
 def implementation(op_name: str) -> Callable[..., Any] | None:

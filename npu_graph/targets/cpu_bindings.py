@@ -31,7 +31,7 @@ _EXTERN_CALL = re.compile(r"\bextern_kernels\.(mm|bmm|addmm)\(")
 _FUNCTIONALIZED_CALL = re.compile(r"\btorch\.ops\.higher_order\.auto_functionalized_v2\(")
 
 # ATen overloads a native kernel takes where it applies (its module in npu_graph.kernels; the overload otherwise)
-NATIVE_KERNELS = {"mm.default": "skinny_mm", "convolution.default": "depthwise_conv1d",
+NATIVE_KERNELS = {"mm.default": "skinny_mm", "bmm.default": "skinny_bmm", "convolution.default": "depthwise_conv1d",
                   "_scaled_dot_product_flash_attention_for_cpu.default": "dense_attention"}
 
 

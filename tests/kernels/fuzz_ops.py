@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_graph  # noqa: F401  (registers the ops)
-from npu_graph.kernels.aten import skinny_mm
+from npu_graph.kernels.aten import skinny_bmm, skinny_mm
 
 OPS = torch.ops.ascend_dsa
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -178,8 +178,25 @@ def fuzz_skinny_mm(data: st.DataObject) -> None:
     _close(*_both(lambda: skinny_mm.linear(x, w) if transposed else skinny_mm.mm(x, w)), tol=1e-4)
 
 
+def fuzz_skinny_bf16(data: st.DataObject) -> None:
+    """bf16 mm (batch 0) and bmm, the weight row-major or the transposed view of a stored [N, K] one (which
+    skinny_mm.linear takes as stored)."""
+    batch, m, k, n = (data.draw(st.integers(0, 3)), data.draw(st.integers(0, 6)), data.draw(st.integers(0, 70)),
+                      data.draw(st.integers(0, 70)))
+    transposed = data.draw(st.booleans())
+    _case("skinny_bf16", batch=batch, m=m, k=k, n=n, transposed=transposed)
+    lead = (batch,) if batch else ()
+    x = _values(data, (*lead, m, k), torch.bfloat16)
+    w = _values(data, (*lead, n, k) if transposed else (*lead, k, n), torch.bfloat16)
+    if transposed and not batch and data.draw(st.booleans(), label="linear"):
+        _close(*_both(lambda: skinny_mm.linear(x, w)), tol=1e-2)
+        return
+    w = w.transpose(-1, -2) if transposed else w
+    _close(*_both(lambda: skinny_bmm.bmm(x, w) if batch else skinny_mm.mm(x, w)), tol=1e-2)
+
+
 FUZZERS = [fuzz_sparse_attention, fuzz_indexer, fuzz_chunk_kda, fuzz_rms_norm, fuzz_rotary_mul, fuzz_causal_lengths,
-           fuzz_skinny_mm]
+           fuzz_skinny_mm, fuzz_skinny_bf16]
 
 
 def main() -> None:

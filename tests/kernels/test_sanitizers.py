@@ -17,8 +17,8 @@ HERE = Path(__file__).parent
 SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 NATIVE_TESTS = ["test_bad_inputs.py", "test_indexer_native.py", "test_indexer_threads.py", "test_sfa_native.py",
                 "test_kda_native.py", "test_dense_attention.py", "test_depthwise_conv1d.py", "test_skinny_mm.py",
-                "test_rms_norm.py", "test_attn_res.py", "test_moe_gating.py", "test_causal_lengths.py",
-                "test_rotary_mul.py", "test_fused_moe.py", "test_call_sequences.py"]
+                "test_skinny_bf16.py", "test_rms_norm.py", "test_attn_res.py", "test_moe_gating.py",
+                "test_causal_lengths.py", "test_rotary_mul.py", "test_fused_moe.py", "test_call_sequences.py"]
 
 
 def _runtimes() -> list[str]:
