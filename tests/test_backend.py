@@ -182,7 +182,7 @@ def test_dump_has_stage_files_and_summary(tmp_path):
     compile_run(MLP(), torch.randn(4, 16), options={"cache": False, "dump_dir": str(tmp_path)})
     folder = glob.glob(os.path.join(str(tmp_path), "*"))[0]
     names = sorted(os.listdir(folder))
-    assert {"00_captured.txt", "00_captured.json", "01_canonical_form.txt", "01_canonical_form.json",
+    assert {"00_captured.txt", "00_captured.json", "02_canonical_form.txt", "02_canonical_form.json",
             "compiled.py", "summary.json"} <= set(names)
     summary = read_json(os.path.join(folder, "summary.json"))
     for key in ["passes", "nodes_before", "nodes_after", "fused_ops", "target", "cache"]:

@@ -48,7 +48,7 @@ def test_graph_table_json(dump):
 def test_stage_json_by_name_and_by_number(dump):
     stage = run_json(dump, "--graph", "graph_0", "--pass", "canonicalize")
     summary = inspect_dump.read_json(os.path.join(dump, stage["folder"], "summary.json"))
-    assert stage["stage"] == "canonicalize" and stage["index"] == 2     # after canonical_form
+    assert stage["stage"] == "canonicalize" and stage["index"] == 3     # after vllm_ops and canonical_form
     canonical = next(p for p in summary["passes"] if p["name"] == "canonicalize")
     assert "def forward" in stage["text"] and len(stage["nodes"]) == canonical["nodes"]
     node = stage["nodes"][-1]
@@ -167,8 +167,8 @@ def test_dump_failing_midway_still_compiles_and_runs(tmp_path, monkeypatch, capl
     assert "disk on fire" in caplog.text
     [folder] = tmp_path.iterdir()
     written = {p.name for p in folder.iterdir()}
-    assert {"00_captured.json", "00_captured.txt", "01_canonical_form.txt", "compiled.py"} <= written
-    assert "01_canonical_form.json" not in written and "summary.json" not in written
+    assert {"00_captured.json", "00_captured.txt", "01_vllm_ops.txt", "compiled.py"} <= written
+    assert "01_vllm_ops.json" not in written and "summary.json" not in written
 
 
 def test_structured_trace_carries_every_stage(monkeypatch):
