@@ -6,7 +6,8 @@ A row's prefill is every chunk in order, each appending its tokens to the cache 
 before it wrote). Rounds alternate the rows' order; `ms` is the median over rounds. `peak_bytes`: the process's
 peak resident memory during the row's prefill above its resident memory before it (tools/process_memory.py:
 VmHWM, reset before each prefill; None where the kernel refuses the reset). `floor_ms` is the sum of the chunks'
-floors (tools/context_costs.py: `prefill_work`).
+floors (tools/context_costs.py: `prefill_work`). An FP8 row's point carries its `topk_overlap`: the share of the bf16
+indexer's top-k that the FP8 indexer picks for the next token over the prompt the two prefills cached.
 """
 from __future__ import annotations
 
@@ -59,7 +60,15 @@ def prefill_points(sweep: Any, tokens: int, chunk: int, rounds: int) -> list[dic
     for round_ in range(rounds):
         for row in names if round_ % 2 == 0 else names[::-1]:
             samples[row].append(_measured(runs[row]))
-    return [_point(sweep, row, tokens, chunk, got, caches) for row, got in samples.items()]
+    points = [_point(sweep, row, tokens, chunk, got, caches) for row, got in samples.items()]
+    bf16_indexed = any(context_rig.is_sparse(row) and row not in context_rig.FP8_ROWS for row in samples)
+    if bf16_indexed and any(row in context_rig.FP8_ROWS for row in samples):      # both caches hold indexer keys
+        after = torch.randn(1, 1, config.hidden_size, generator=generator).bfloat16()
+        overlap = context_rig.topk_overlap(sweep.layer, after, caches, tokens)
+        for p in points:
+            if p["row"] in context_rig.FP8_ROWS:
+                p["topk_overlap"] = overlap
+    return points
 
 
 def _point(sweep: Any, row: str, tokens: int, chunk: int, got: list[tuple[float, int | None]],

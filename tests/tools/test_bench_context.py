@@ -161,3 +161,13 @@ def test_rows_and_contexts_filters_read_known_rows_and_token_counts():
     for given, kind, words in (("ascend", str, "does not know"), ("4k", int, "token counts"), ("0", int, "positive")):
         with pytest.raises(SystemExit, match=words):
             bench_context._chosen(given, context_rig.ROWS if kind is str else (1,), kind)
+
+
+def test_an_fp8_prefill_point_carries_the_next_tokens_topk_overlap():
+    """The FP8 row's prefill point: the FP8 indexer's top-k over the prompt it cached against the bf16 one's."""
+    sweep = bench_context.Sweep(True, ("dsa_eager", "ascend_dsa_fp8"))
+    points = context_prefill.prefill_points(sweep, 192, context_prefill.TOY_CHUNK, rounds=1)
+    by_row = {p["row"]: p for p in points}
+    assert by_row["dsa_eager"]["topk_overlap"] is None
+    assert 0.5 <= by_row["ascend_dsa_fp8"]["topk_overlap"] <= 1.0
+
