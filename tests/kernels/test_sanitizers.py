@@ -34,7 +34,10 @@ def _runtimes() -> list[str]:
 
 def _sanitized_env(tmp_path: Path, level: str) -> dict[str, str]:
     return {**os.environ, "LD_PRELOAD": " ".join(_runtimes()), "ASCEND_DSA_CPU_ISA": level,
-            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+            # allocator_may_return_null: a spoiled size that asks for tens of GB (the probe's references) gets torch's
+            # own out-of-memory error, as without the sanitizer, instead of ending the process
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
             "ASCEND_DSA_NATIVE_DIR": str(tmp_path), native.ENV_CFLAGS: SANITIZE}
 
 
