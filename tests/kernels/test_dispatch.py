@@ -13,15 +13,9 @@ from npu_graph.kernels.rowwise.rms_norm import reference_rms_norm
 
 
 @pytest.fixture
-def table(monkeypatch, tmp_path):
-    """Measured dispatch with an empty table kept in tmp_path."""
-    monkeypatch.setenv(native.ENV_SWITCH, "auto")
-    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
-    monkeypatch.setattr(dispatch, "_table", None)
-    monkeypatch.setattr(dispatch, "_known", {})
-    monkeypatch.setattr(dispatch, "_provisional", {})
-    monkeypatch.setattr(call_plans, "_CLEAR_AT", [])
-    return tmp_path / "dispatch-test.json"
+def table(dispatch_table):
+    """Measured dispatch with an empty table kept in tmp_path (conftest's `dispatch_table`)."""
+    return dispatch_table
 
 
 def counting(result, seconds: float, calls: list):

@@ -145,14 +145,10 @@ def test_a_weights_span_counts_every_layout():
 
 
 @needs_native
-def test_measured_dispatch_keeps_the_faster_path(monkeypatch, tmp_path):
+def test_measured_dispatch_keeps_the_faster_path(monkeypatch, dispatch_table):
     """In auto mode each bf16 class is measured (apart from fp32's) and the plan follows the choice."""
     from npu_graph.kernels.native import dispatch
 
-    monkeypatch.setenv(native.ENV_SWITCH, "auto")
-    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
-    monkeypatch.setattr(dispatch, "_table", None)
-    monkeypatch.setattr(dispatch, "_known", {})
     monkeypatch.setattr(dispatch, "CLOSE", 1.0)
     g = torch.Generator().manual_seed(6)
     x, w = bf16(1, 256, g=g), weight(256, 64, True, g)

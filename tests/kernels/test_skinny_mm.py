@@ -114,13 +114,9 @@ def test_weights_of_half_a_core_cache_are_measured_streamed():
 
 
 @needs_native
-def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, tmp_path):
+def test_streamed_products_are_measured_with_the_weight_evicted(monkeypatch, dispatch_table):
     from npu_graph.kernels.native import dispatch
 
-    monkeypatch.setenv(native.ENV_SWITCH, "auto")
-    monkeypatch.setattr(dispatch, "table_path", lambda: tmp_path / "dispatch-test.json")
-    monkeypatch.setattr(dispatch, "_table", None)
-    monkeypatch.setattr(dispatch, "_known", {})
     monkeypatch.setattr(dispatch, "CLOSE", 1.0)         # the first measurement decides, however close
     evicted = []
     real = skinny_mm._evictor
