@@ -35,26 +35,13 @@ static float sum_squares(const char *x, int dtype, int64_t n) {
     return sum;
 }
 
-/* Whole vectors of a row as fp32 and back (fp16 goes through row_to_f32 / row_from_f32 a PIECE at a time). */
-static inline vf load_vec(const char *row, int dtype, int64_t i) {
-    return dtype == F32 ? vload((const float *)row + i) : vload_bf16((const uint16_t *)row + i);
-}
-
-static inline void store_vec(char *row, int dtype, int64_t i, vf v) {
-    if (dtype == F32) {
-        vstore((float *)row + i, v);
-    } else {
-        vh h = vbf16_bits(v);
-        memcpy((uint16_t *)row + i, &h, sizeof h);
-    }
-}
-
 /* y row = x row * s * gamma: fp32 and bf16 a vector at a time, fp16 (and the tail) a PIECE at a time. */
 static void scale_row(const char *xr, int dtype, int64_t n, float s, const float *gamma, char *yr) {
     const int64_t item = elem_bytes(dtype);
     int64_t i0 = 0;
     if (dtype != F16)
-        for (; i0 + VL <= n; i0 += VL) store_vec(yr, dtype, i0, load_vec(xr, dtype, i0) * s * vload(gamma + i0));
+        for (; i0 + VL <= n; i0 += VL)
+            vstore_f32_bf16(yr, dtype, i0, vload_any(xr, dtype, i0) * s * vload(gamma + i0));
     float piece[PIECE];
     for (; i0 < n; i0 += PIECE) {
         int64_t m = n - i0 < PIECE ? n - i0 : PIECE;

@@ -30,19 +30,6 @@ static inline float round_bf16(float v) {
     return load_value(&h, BF16, 0);
 }
 
-static inline vf vget(const char *p, int dtype, int64_t i) {
-    return dtype == F32 ? vload((const float *)p + i) : vload_bf16((const uint16_t *)p + i);
-}
-
-static inline void vput(char *p, int dtype, int64_t i, vf v) {
-    if (dtype == F32) {
-        vstore((float *)p + i, v);
-    } else {
-        vh h = vbf16_bits(v);
-        memcpy((uint16_t *)p + i, &h, sizeof h);
-    }
-}
-
 /* a * b + r * t with each step rounded to the dtype (bf16: after each of the three). */
 static inline vf vterm(vf a, vf b, vf r, vf t, int bf16) {
     vf p = a * b, q = r * t;
@@ -68,9 +55,10 @@ static void half_row(const char *x, const char *c, const char *s, char *o, int64
     const int bf16 = dtype == BF16;
     int64_t i = 0;
     for (; i + VL <= h; i += VL) {
-        vf x1 = vget(x, dtype, i), x2 = vget(x, dtype, i + h);
-        vput(o, dtype, i, vterm(x1, vget(c, dtype, i), x2, -vget(s, dtype, i), bf16));
-        vput(o, dtype, i + h, vterm(x2, vget(c, dtype, i + h), x1, vget(s, dtype, i + h), bf16));
+        vf x1 = vload_any(x, dtype, i), x2 = vload_any(x, dtype, i + h);
+        vstore_f32_bf16(o, dtype, i, vterm(x1, vload_any(c, dtype, i), x2, -vload_any(s, dtype, i), bf16));
+        vstore_f32_bf16(o, dtype, i + h,
+                        vterm(x2, vload_any(c, dtype, i + h), x1, vload_any(s, dtype, i + h), bf16));
     }
     for (; i < h; i++) {
         float x1 = load_value(x, dtype, i), x2 = load_value(x, dtype, i + h);
@@ -87,8 +75,8 @@ static void pair_row(const char *x, const char *c, const char *s, char *o, int64
     const int bf16 = dtype == BF16;
     int64_t i = 0;
     for (; i + VL <= d; i += VL) {
-        vf v = vget(x, dtype, i);
-        vput(o, dtype, i, vterm(v, vget(c, dtype, i), __builtin_shuffle(v, swap), vget(s, dtype, i) * sign, bf16));
+        vf v = vload_any(x, dtype, i), t = vload_any(s, dtype, i) * sign;
+        vstore_f32_bf16(o, dtype, i, vterm(v, vload_any(c, dtype, i), __builtin_shuffle(v, swap), t, bf16));
     }
     for (; i < d; i += 2) {
         float a = load_value(x, dtype, i), b = load_value(x, dtype, i + 1);

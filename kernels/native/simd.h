@@ -174,6 +174,17 @@ static inline vu vbf16_rounded(vf x) {
 /* VL fp32 values to bf16 bits, rounded to nearest even; NaN stays NaN (quiet). */
 static inline vh vbf16_bits(vf x) { return __builtin_convertvector(vbf16_rounded(x), vh); }
 
+/* VL fp32 values stored at element i of x as F32 or BF16 (nearest even, NaN stays NaN); fp16 rows go through
+ * row_from_f32. */
+static inline void vstore_f32_bf16(void *x, int dtype, int64_t i, vf v) {
+    if (dtype == F32) {
+        vstore((float *)x + i, v);
+    } else {
+        vh h = vbf16_bits(v);
+        memcpy((uint16_t *)x + i, &h, sizeof h);
+    }
+}
+
 /* n fp32 values at src stored as dtype at dst (bf16: nearest even, as store_value; fp16: the hardware's
  * rounding, nearest even): whole vectors, then the tail one by one. */
 static inline void row_from_f32(void *dst, int dtype, const float *restrict src, int64_t n) {
