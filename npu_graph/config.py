@@ -210,7 +210,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "target": ("cpu", "npu"),
     "strict": (True, False),
     "quant.mode": ("none", "dsa"),
-    "quant.indexer": (None, "none", "mxfp8"),
+    "quant.indexer": (None, "none", "mxfp8", "int8"),
     "quant.kv": (None, "none", "fp8_block128"),
     "quant.scale_fmt": ("fp32", "ue8m0"),
     "layout.nz": ("auto", "off"),

@@ -3,10 +3,14 @@
 `quant="dsa"` is the policy DeepSeek-V3.2 ships with:
 - projections stay in the model's dtype (BF16 in the released model: its lossless representation);
 - the lightning indexer scores MXFP8 query and key (float8_e4m3fn, one E8M0 scale per 32 values along D);
+  `quant.indexer="int8"` scores per-token int8 query and key instead (one fp32 scale per token and head, over all D
+  values; `ascend_dsa.dynamic_block_quant` with dst_type=int8): the form of Ascend's quantized lightning indexer on
+  Atlas A2/A3, whose cube units multiply int8 and have no fp8, at the same bytes per key as MXFP8 (D + 4), and a
+  closer top-k to the unquantized indexer's (int8 keeps 7 bits of every value, e4m3 3 of the mantissa);
 - the KV cache that sparse attention reads is FP8 (e4m3) with one fp32 scale per token, head and 128 values;
   a cache that stores its RoPE key in FP8 too (one fp32 scale per token over the rope dim: the reference model's
   FP8 cache does) hands it to sparse attention as stored.
-`quant="none"` quantizes nothing. `quant.indexer` ("none" | "mxfp8"), `quant.kv` ("none" | "fp8_block128") and
+`quant="none"` quantizes nothing. `quant.indexer` ("none" | "mxfp8" | "int8"), `quant.kv` ("none" | "fp8_block128") and
 `quant.scale_fmt` ("fp32" | "ue8m0", the KV scales) override the mode part by part.
 """
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-INDEXER_FORMATS = ("none", "mxfp8")
+INDEXER_FORMATS = ("none", "mxfp8", "int8")
 KV_FORMATS = ("none", "fp8_block128")
 MX_GROUP = 32
 KV_TILE = 128
@@ -51,10 +55,13 @@ def resolve_policy(quant: Any) -> QuantPolicy:
     return QuantPolicy(indexer=quant.indexer or indexer, kv=quant.kv or kv, scale_fmt=quant.scale_fmt)
 
 
-def indexer_entry(node_name: str, tensor: str, where: str, padded_from: int | None = None) -> dict[str, Any]:
-    """One `quantized` record of an MXFP8 indexer operand."""
+def indexer_entry(node_name: str, tensor: str, where: str, padded_from: int | None = None,
+                  form: str = "mxfp8", depth: int = MX_GROUP) -> dict[str, Any]:
+    """One `quantized` record of an indexer operand: MXFP8, or int8 with one fp32 scale per row of `depth` values."""
     entry = {"op": "lightning_indexer", "node": node_name, "tensor": tensor, "format": "mxfp8_e4m3",
              "group": MX_GROUP, "scale": "e8m0", "where": where}
+    if form == "int8":
+        entry.update({"format": "int8_per_token", "group": depth, "scale": "fp32"})
     if padded_from is not None:
         entry["padded_from"] = padded_from
     return entry

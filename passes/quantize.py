@@ -1,13 +1,15 @@
 """quantize: apply the hierarchical quantization policy (npu_graph.quant_policy) to the fused DSA operators.
 
 - `lightning_indexer`: query and key become MXFP8 through explicit `ascend_dsa.dynamic_mx_quant` nodes whose
-  codes and E8M0 scales feed the op (query/key + query_scale/key_scale).
+  codes and E8M0 scales feed the op (query/key + query_scale/key_scale); with the int8 format, per-token int8
+  through `ascend_dsa.dynamic_block_quant` (dst_type=int8, one block per row: one fp32 scale per token and head).
 - `sparse_flash_attention`: key and value become FP8 block-128 through `ascend_dsa.dynamic_block_quant`
   (key_scale/value_scale); one quantization serves both when value is the key (MLA's latent). A RoPE key the
   cache stores as FP8 (one fp32 scale per token over the rope dim) is passed as codes and key_rope_scale; a float
   one stays as it is.
 An operand that is already a stored quantized cache read through `dequant_mx` / `dequant_block` (the
-reference model's cache built with kv_dtype=float8_e4m3fn) is passed as its codes and scales: the op reads
+reference model's cache built with kv_dtype=float8_e4m3fn, or index_dtype=int8 for int8 indexer keys) is passed
+as its codes and scales: the op reads
 FP8 directly and the whole-cache dequantization disappears; the quantization then lives in the cache write.
 Operands whose last dim is not a multiple of the group are zero padded to one (dot products and the kept
 output columns are unchanged). Nothing is done with quant="none"; the `quantized` summary lists every tensor.
@@ -31,6 +33,7 @@ INFERENCE_ONLY = True
 aten = torch.ops.aten
 ops = torch.ops.ascend_dsa
 FP8 = torch.float8_e4m3fn
+INT8 = torch.int8
 
 
 def _bind(node: torch.fx.Node) -> dict[str, Any]:
@@ -62,20 +65,24 @@ def _split(graph: torch.fx.Graph, op: Any, x: torch.fx.Node, kwargs: dict[str, A
     return graph.call_function(operator.getitem, (q, 0)), graph.call_function(operator.getitem, (q, 1))
 
 
-def _stored(x: object, op: Any, block: int) -> tuple[torch.fx.Node, torch.fx.Node] | None:
-    """(codes, scales) when `x` dequantizes a stored quantized tensor along its last dim in groups of `block`."""
+def _stored(x: object, op: Any, block: int, codes: torch.dtype = FP8) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(codes, scales) when `x` dequantizes a stored quantized tensor of `codes` along its last dim in groups of
+    `block`."""
     if not isinstance(x, torch.fx.Node) or x.target is not op:
         return None
     bound = _bind(x)
-    if bound.get("block_size", block) != block or bound.get("axis", -1) not in (-1, val(x).dim() - 1):
+    if bound.get("block_size", block) != block or bound.get("axis", -1) not in (-1, val(x).dim() - 1) \
+            or val(bound["y"]).dtype != codes:
         return None
     return bound["y"], bound["scale"]
 
 
-def _quant_indexer(graph: torch.fx.Graph, node: torch.fx.Node) -> list[dict[str, Any]]:
+def _quant_indexer(graph: torch.fx.Graph, node: torch.fx.Node, form: str) -> list[dict[str, Any]]:
     bound = _bind(node)
-    if val(bound["query"]).dtype == FP8:
+    if val(bound["query"]).dtype in (FP8, INT8):
         return []
+    if form == "int8":
+        return _quant_indexer_int8(graph, node, bound)
     depth = val(bound["query"]).shape[-1]
     padded = depth if depth % MX_GROUP else None
     with graph.inserting_before(node):
@@ -90,6 +97,24 @@ def _quant_indexer(graph: torch.fx.Graph, node: torch.fx.Node) -> list[dict[str,
             bound["key"], bound["key_scale"] = _split(graph, ops.dynamic_mx_quant.default,
                                                       _pad_last(graph, bound["key"], MX_GROUP), {})
             entries.append(indexer_entry(node.name, "key", "per call", padded))
+    _rebind(node, bound)
+    return entries
+
+
+def _quant_indexer_int8(graph: torch.fx.Graph, node: torch.fx.Node, bound: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-token int8 query and key (one block per row: no padding); a stored int8 key cache passes its codes."""
+    depth = val(bound["query"]).shape[-1]
+    options = {"block_size": depth, "dst_type": INT8}
+    with graph.inserting_before(node):
+        bound["query"], bound["query_scale"] = _split(graph, ops.dynamic_block_quant.default, bound["query"], options)
+        entries = [indexer_entry(node.name, "query", "per call", form="int8", depth=depth)]
+        stored = _stored(bound["key"], ops.dequant_block.default, depth, INT8)
+        if stored is not None:
+            bound["key"], bound["key_scale"] = stored
+            entries.append(indexer_entry(node.name, "key", "stored cache", form="int8", depth=depth))
+        else:
+            bound["key"], bound["key_scale"] = _split(graph, ops.dynamic_block_quant.default, bound["key"], options)
+            entries.append(indexer_entry(node.name, "key", "per call", form="int8", depth=depth))
     _rebind(node, bound)
     return entries
 
@@ -154,8 +179,8 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> PassResult:
     entries: list[dict[str, Any]] = []
     before = meta_snapshot(gm)
     for node in list(gm.graph.nodes):
-        if node.target is ops.lightning_indexer.default and policy.indexer == "mxfp8":
-            entries += _quant_indexer(gm.graph, node)
+        if node.target is ops.lightning_indexer.default and policy.indexer != "none":
+            entries += _quant_indexer(gm.graph, node, policy.indexer)
         elif node.target is ops.sparse_flash_attention.default and policy.kv == "fp8_block128":
             entries += _quant_kv(gm.graph, node, policy.scale_fmt)
     if entries:

@@ -23,7 +23,8 @@ LAYOUTS_KEY = ("BSND", "PA_BSND")
 SPARSE_MODES = (0, 3)
 MX_GROUP = 32
 FP8 = torch.float8_e4m3fn
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8)
+INT8 = torch.int8
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8, INT8)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -32,31 +33,39 @@ INT32_MAX = 2 ** 31 - 1     # the largest position the int32 `sparse_indices` ho
 
 @dataclass(frozen=True)
 class ScaleForm:
-    """How a float8 tensor's scales are laid out: one per `group` values of the last dim (`dim`)."""
+    """How a quantized tensor's scales are laid out: one per `group` values of the last dim (`dim`); group None:
+    one per row (the whole last dim)."""
 
-    group: int
+    group: int | None
     dtypes: tuple[torch.dtype, ...]
     what: str
     dim: str
 
 
 MX_SCALES = ScaleForm(MX_GROUP, SCALE_DTYPES, f"MXFP8, one e8m0 scale per {MX_GROUP} values along D", "D")
+INT8_ROW_SCALES = ScaleForm(None, (torch.float32,), "int8, one fp32 scale per row of D values (per token and head)",
+                            "D")
 
 
-def check_fp8_scale(op: str, x: Tensor, scale: Tensor | None, x_name: str, scale_name: str, form: ScaleForm) -> None:
-    """`scale` is given exactly when `x` is float8_e4m3fn, with `form`'s dtype and shape."""
-    if x.dtype != FP8:
-        require(scale is None, f"{op}: `{scale_name}` is only used with a float8_e4m3fn `{x_name}`; "
-                               f"`{x_name}` is {x.dtype}")
+def check_fp8_scale(op: str, x: Tensor, scale: Tensor | None, x_name: str, scale_name: str, form: ScaleForm,
+                    int8_form: ScaleForm | None = None) -> None:
+    """`scale` is given exactly when `x` is quantized: float8_e4m3fn with `form`'s dtype and shape, or (where the op
+    takes them) int8 with `int8_form`'s."""
+    quantized = {FP8: form} if int8_form is None else {FP8: form, INT8: int8_form}
+    if x.dtype not in quantized:
+        names = " or ".join(str(t).removeprefix("torch.") for t in quantized)
+        require(scale is None, f"{op}: `{scale_name}` is only used with a {names} `{x_name}`; `{x_name}` is {x.dtype}")
         return
-    require(scale is not None, f"{op}: float8_e4m3fn `{x_name}` needs `{scale_name}` ({form.what})")
+    form = quantized[x.dtype]
+    kind = str(x.dtype).removeprefix("torch.")
+    require(scale is not None, f"{op}: {kind} `{x_name}` needs `{scale_name}` ({form.what})")
     require_dtype(op, scale_name, scale, form.dtypes)
     d = x.shape[-1]
-    require(d % form.group == 0,
-            f"{op}: head dim {form.dim}={d} of float8 `{x_name}` is not a multiple of {form.group}")
-    want = (*x.shape[:-1], d // form.group)
-    require_same(op, f"shape of `{scale_name}` and the expected [..., {form.dim}/{form.group}]", tuple(scale.shape),
-                 want)
+    group = d if form.group is None else form.group
+    require(d % group == 0, f"{op}: head dim {form.dim}={d} of {kind} `{x_name}` is not a multiple of {group}")
+    want = (*x.shape[:-1], d // group)
+    shown = "1" if form.group is None else f"{form.dim}/{form.group}"
+    require_same(op, f"shape of `{scale_name}` and the expected [..., {shown}]", tuple(scale.shape), want)
 
 
 def check_lengths(op: str, lengths: Tensor | None, name: str, batch: int) -> None:
@@ -107,8 +116,8 @@ def check_static(query: Tensor, key: Tensor, weights: Tensor, actual_seq_lengths
     require(n1 > 0 and d > 0, f"{OP}: `query` needs at least one head and a head dim > 0, got shape "
                               f"{tuple(query.shape)} [B,S1,N1,D]")
     require_same(OP, "shape of `weights` and [B,S1,N1] of `query`", tuple(weights.shape), (batch, s1, n1))
-    check_fp8_scale(OP, query, query_scale, "query", "query_scale", MX_SCALES)
-    check_fp8_scale(OP, key, key_scale, "key", "key_scale", MX_SCALES)
+    check_fp8_scale(OP, query, query_scale, "query", "query_scale", MX_SCALES, INT8_ROW_SCALES)
+    check_fp8_scale(OP, key, key_scale, "key", "key_scale", MX_SCALES, INT8_ROW_SCALES)
     check_key_layout(OP, key, block_table, layout_key, "layout_key", batch)
     positions = key.shape[1] if block_table is None else block_table.shape[1] * key.shape[1]
     require(positions <= INT32_MAX, f"{OP}: `key` holds {positions} positions; the int32 `sparse_indices` it "

@@ -1,4 +1,4 @@
-"""Key rows for the torch paths of the indexer and sparse flash attention ops: MXFP8 dequantization, per-thread
+"""Key rows for the torch paths of the indexer and sparse flash attention ops: MXFP8 and int8 dequantization, per-thread
 scratch buffers reused across calls (large temporaries: gathered rows, fp32 copies), the skinny GEMM through
 oneDNN where it is available, and `KeyReader`, which reads a batch's key rows by range or by position from a BSND
 tensor or a paged cache."""
@@ -32,9 +32,12 @@ def e8m0_to_float(scale: Tensor) -> Tensor:
 
 
 def dequantize(x: Tensor, scale: Tensor | None) -> Tensor:
-    """fp32 values of x; MXFP8 codes are multiplied by their per-32 group scale."""
+    """fp32 values of x; MXFP8 codes are multiplied by their per-32 group scale, int8 codes by their row's fp32
+    scale."""
     if scale is None:
         return x.float()
+    if x.dtype == torch.int8:
+        return x.float().mul_(scale)
     groups = x.shape[-1] // MX_GROUP
     value = fp8_e4m3_to_float(x).unflatten(-1, (groups, MX_GROUP))
     return value.mul_(e8m0_to_float(scale).unsqueeze(-1)).flatten(-2)

@@ -5,7 +5,9 @@ For one query token it computes score[s] = Σ_j w_j·ReLU(q_j·k_s) for every vi
 from the stored fp32 / bf16 / fp16 keys or MXFP8 keys with their E8M0 scales (BSND rows or a paged cache through
 its block table): no fp32 copy of the keys, no dequantized cache and no [heads × keys] matrix. An MXFP8 key is
 decoded exactly where it is scored (a few rows at a time), an MXFP8 query once per call into bf16 (exact too: a
-code has 4 significant bits, a power-of-two scale none). bf16 query and bf16 or MXFP8 keys use bf16 dot products
+code has 4 significant bits, a power-of-two scale none). Int8 keys (one fp32 scale a row, Ascend's per-token int8)
+are decoded where they are scored too, an int8 query once per call into fp32. bf16 query and bf16 or MXFP8 keys
+use bf16 dot products
 on CPUs that have them (AVX512-BF16: each product is exact in fp32 and the sums are fp32, as in an fp32 GEMM;
 bf16 subnormals, values below 2^-126 that only a block of tiny MXFP8 values reaches, count as zero); elsewhere
 chunks of keys are widened to fp32 and scored with fp32 fused multiply-adds. The top-K of these scores is the
@@ -13,7 +15,7 @@ top-K of the definition (no prefilter margins needed), selected natively (kernel
 of a row are shared by torch.get_num_threads() OpenMP threads (torch's pool).
 
 `native_path` and `row_scorer` return None when the library is not loaded (no compiler, ASCEND_DSA_NATIVE=0) or the
-inputs are not ones it reads (fp8 keys without scales, keys or scales whose last dim is not contiguous): the
+inputs are not ones it reads (fp8 or int8 keys without scales, keys or scales whose last dim is not contiguous): the
 caller keeps its torch path then.
 """
 import ctypes
@@ -33,7 +35,8 @@ from npu_graph.runtime.serial_calls import serial_when_small
 
 NATIVE_SOURCE = "lightning_indexer"
 _TOPK = serial_when_small("topk.default", torch.topk)    # tied rows are few: no thread team woken for them
-E4M3 = 3     # the kernel's code of float8_e4m3fn keys (kernels/native/float_io.h)
+E4M3, I8 = 3, 4     # the kernel's codes of float8_e4m3fn and int8 keys (kernels/native/float_io.h)
+INT8 = torch.int8
 
 
 @functools.cache
@@ -53,15 +56,16 @@ def _typed(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, bool, 
 
 def _readable(key: Tensor, key_scale: Tensor | None) -> bool:
     """Row r of batch b at key[b].data_ptr() + r·stride(1), or of a cache block at block·stride(0) + r·stride(1); an
-    fp8 key's scale rows likewise."""
-    if key.dtype == FP8:
+    fp8 or int8 key's scale rows likewise."""
+    if key.dtype in (FP8, INT8):
         return key_scale is not None and key.device.type == "cpu" and key.stride(3) == 1 and key_scale.stride(3) == 1
     return key.device.type == "cpu" and key.stride(3) == 1 and key.dtype in native.DTYPE_CODES
 
 
 def _query_dtype(query: Tensor) -> torch.dtype:
-    """The dtype the kernel reads the query in: its own, bf16 for an MXFP8 query (decoded per call)."""
-    return torch.bfloat16 if query.dtype == FP8 else query.dtype
+    """The dtype the kernel reads the query in: its own, bf16 for an MXFP8 query and fp32 for an int8 one (decoded
+    per call)."""
+    return torch.bfloat16 if query.dtype == FP8 else torch.float32 if query.dtype == INT8 else query.dtype
 
 
 def _kernel(query: Tensor, key: Tensor, key_scale: Tensor | None = None
@@ -86,12 +90,13 @@ def takes(query: Tensor, key: Tensor, key_scale: Tensor | None = None) -> bool:
 
 
 def _key_code(key: Tensor) -> int:
-    return E4M3 if key.dtype == FP8 else native.DTYPE_CODES[key.dtype]
+    return E4M3 if key.dtype == FP8 else I8 if key.dtype == INT8 else native.DTYPE_CODES[key.dtype]
 
 
 def decoded_query(query: Tensor, query_scale: Tensor | None) -> Tensor:
-    """The query as the kernel reads it: an MXFP8 query decoded into bf16 (exact), any other as it is."""
-    return query if query_scale is None else dequantize(query, query_scale).to(torch.bfloat16)
+    """The query as the kernel reads it: an MXFP8 query decoded into bf16 (exact), an int8 one into fp32 (one
+    rounding a value), any other as it is."""
+    return query if query_scale is None else dequantize(query, query_scale).to(_query_dtype(query))
 
 
 def _out_of_memory(what: str) -> MemoryError:
@@ -118,7 +123,7 @@ def row_scorer(query: Tensor, key: Tensor, block_table: Tensor | None, key_scale
                     torch.get_num_threads(), out.data_ptr())
         if status == -2:
             raise ValueError(f"lightning_indexer: MXFP8 keys need their scales and a head dim that is a multiple of "
-                             f"32, got {dim}")
+                             f"32 (got {dim}), int8 keys their scales")
         if status:
             raise _out_of_memory(f"{limit} keys, {heads} heads of dim {dim}")
         return out
@@ -182,7 +187,7 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
     and (k+1)-th scores are equal are scored again (one li_tied_scores call) and settled by torch.topk over rows as
     long as the keys the layout holds, as in an eager model's masked score matrix (ReLU makes exact zeros common: a
     model's greedy tokens must not depend on the implementation). `scales`: the (query_scale, key_scale) of MXFP8
-    operands; the plan takes the call's own after block_table. An MXFP8 query is decoded into bf16 at each call."""
+    or int8 operands; the plan takes the call's own after block_table. A quantized query is decoded at each call."""
     found = _kernel(query, key, scales[1])
     if found is None:
         return None
@@ -234,8 +239,8 @@ def native_path(query: Tensor, key: Tensor, block_table: Tensor | None, weights:
         if status == _LI_NO_MEMORY:
             raise _out_of_memory(f"{batch} x {s1} rows of up to {capacity} keys, {heads} heads of dim {dim}")
         if status == _LI_BAD_KEY_SCALE:
-            raise ValueError(f"lightning_indexer: float8_e4m3fn `key` needs `key_scale` and a head dim D that is a "
-                             f"multiple of 32, got D={dim}")
+            raise ValueError(f"lightning_indexer: a float8_e4m3fn `key` needs `key_scale` and a head dim D that is a "
+                             f"multiple of 32 (got D={dim}); an int8 `key` needs `key_scale`")
         check_lengths(query, key, block_table, lq_tensor, lk_tensor)        # raises with the check's message
         raise ValueError(f"lightning_indexer: the native kernel refused the call's lengths or block table ({status})")
 

@@ -7,7 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3 };   /* E4M3: float8_e4m3fn codes, read by the kernels that say so */
+/* E4M3: float8_e4m3fn codes, I8: int8 codes; each read by the kernels that say so */
+enum { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3, I8 = 4 };
 
 #ifdef __FLT16_MANT_DIG__
 #define FLOAT_IO_HAS_F16 1

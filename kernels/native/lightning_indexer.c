@@ -74,7 +74,8 @@ struct keys {
     int64_t block_stride;      /* values between blocks of a paged cache */
     const int32_t *table;      /* block table row of this batch, or NULL */
     int64_t block_size;
-    const uint8_t *scale;      /* MXFP8 keys: their E8M0 scale bytes (rows of d / MX_GROUP), else NULL */
+    const uint8_t *scale;      /* MXFP8 keys: their E8M0 scale bytes (rows of d / MX_GROUP); int8 keys: the bytes of
+                                * their fp32 scales (one a row); else NULL */
     int64_t scale_row;         /* bytes between scale rows (within a block when paged) */
     int64_t scale_block;       /* bytes between blocks of the paged scales */
 };
@@ -111,9 +112,18 @@ static void e4m3_row_f32(const struct keys *k, int64_t s, int64_t d, float *dst)
     }
 }
 
-/* Key s as fp32 values at dst: widened a vector at a time (row_to_f32), MXFP8 decoded (e4m3_row_f32). */
+/* The d values of int8 key s times its fp32 scale, as fp32 (one rounding a value, as the torch path's product). */
+static void i8_row_f32(const struct keys *k, int64_t s, int64_t d, float *dst) {
+    const int8_t *row = (const int8_t *)key_row(k, s);
+    float f;
+    memcpy(&f, scale_row(k, s), sizeof f);
+    for (int64_t i = 0; i < d; i++) dst[i] = (float)row[i] * f;
+}
+
+/* Key s as fp32 values at dst: widened a vector at a time (row_to_f32), MXFP8 / int8 decoded with their scales. */
 static void key_f32(const struct keys *k, int64_t s, int64_t d, float *dst) {
     if (k->dtype == E4M3) e4m3_row_f32(k, s, d, dst);
+    else if (k->dtype == I8) i8_row_f32(k, s, d, dst);
     else row_to_f32(dst, key_row(k, s), k->dtype, d);
 }
 
@@ -464,15 +474,15 @@ static void row_query_free(struct row_query *rq) {
 
 /* score[0:n] for query q [h][d] (contiguous, of type q_dtype: F32, BF16 or F16) with head weights w [h] (fp32),
  * on `threads` OpenMP threads (one below PARALLEL_MIN_MACS). Keys of type dtype; E4M3 keys are MXFP8 with their scale
- * rows (struct keys). bf16_dot: score bf16 or MXFP8 keys with bf16 dot products (q must hold bf16 values, d must be
- * even; needs li_has_bf16_dot). Returns 0, -1 when out of memory, -2 for E4M3 keys without scales or with d not a
- * multiple of MX_GROUP. */
+ * rows, I8 keys int8 with one fp32 scale a row (struct keys). bf16_dot: score bf16 or MXFP8 keys with bf16 dot products (q must hold bf16 values, d must be
+ * even; needs li_has_bf16_dot). Returns 0, -1 when out of memory, -2 for E4M3 or I8 keys without scales or E4M3 keys with d
+ * not a multiple of MX_GROUP. */
 int li_scores(const void *key, int dtype, int64_t row_stride, int64_t block_stride, const int32_t *table,
                int64_t block_size, const uint8_t *scale, int64_t scale_row, int64_t scale_block, int64_t n,
                const void *q, int q_dtype, const float *w, int64_t h, int64_t d, int bf16_dot, int threads,
                float *score) {
     struct keys k = {key, dtype, row_stride, block_stride, table, block_size, scale, scale_row, scale_block};
-    if (dtype == E4M3 && (!scale || d % MX_GROUP)) return -2;
+    if ((dtype == E4M3 && (!scale || d % MX_GROUP)) || (dtype == I8 && !scale)) return -2;
     struct row_query rq;
     if (row_query_init(&rq, q, q_dtype, w, h, d, bf16_dot)) return -1;
     int64_t hp = rq.hp, chunk = chunk_keys(n, threads), chunks = (n + chunk - 1) / chunk;
@@ -792,9 +802,9 @@ static int li_batch(const struct li_call_args *a, int64_t b, const char *q, cons
  * start > 0 returns LI_PADDED before anything is written (the caller takes the padded rows' path); then the
  * checks (li_check_call), then every batch's rows, rows past a batch's query length set to -1 / -inf. capacity:
  * key positions (rows of BSND keys, blocks x block size of a paged cache); tie [B][S1]: rows with equal scores at the
- * cut (LI_TIES: the caller settles them as torch.topk would). MXFP8 keys (key_dtype E4M3) read their scale bytes at
- * key_scale (scale_batch bytes between batches of BSND scales); without them, or with a dim that is not a multiple of
- * MX_GROUP, the call returns LI_BAD_KEY_SCALE. Returns
+ * cut (LI_TIES: the caller settles them as torch.topk would). MXFP8 keys (key_dtype E4M3) and int8 keys (I8, one
+ * fp32 scale a row) read their scale bytes at key_scale (scale_batch bytes between batches of BSND scales); without
+ * them, or MXFP8 with a dim that is not a multiple of MX_GROUP, the call returns LI_BAD_KEY_SCALE. Returns
  * LI_OK, LI_TIES, LI_PADDED, a failed check's code or LI_NO_MEMORY. */
 int li_call(const struct li_call_args *a, const void *q, const float *w, const void *key, int64_t key_batch,
             const void *key_scale, int64_t scale_batch, const int32_t *table, const void *lq_len, const void *lk_len, const void *starts, int starts64,
@@ -802,7 +812,7 @@ int li_call(const struct li_call_args *a, const void *q, const float *w, const v
     for (int64_t b = 0; starts && b < a->batch; b++)
         if (length_at(starts, starts64, b, 0) != 0) return LI_PADDED;
     int64_t lq[a->batch], lk[a->batch];
-    int status = a->key_dtype == E4M3 && !key_scale ? LI_BAD_KEY_SCALE
+    int status = (a->key_dtype == E4M3 || a->key_dtype == I8) && !key_scale ? LI_BAD_KEY_SCALE
                                                     : li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     if (status != LI_OK) return status;
     int64_t *limits = malloc((size_t)(a->s1 > 0 ? a->s1 : 1) * sizeof *limits);
@@ -838,7 +848,7 @@ int64_t li_tied_scores(const struct li_call_args *a, const void *q, const float 
                        int64_t key_batch, const void *key_scale, int64_t scale_batch, const int32_t *table, const void *lq_len, const void *lk_len,
                        int64_t capacity, int threads, const int32_t *tie, float *matrix, int64_t *rows) {
     int64_t lq[a->batch], lk[a->batch], item = elem_bytes(a->q_dtype), count = 0;
-    int status = a->key_dtype == E4M3 && !key_scale ? LI_BAD_KEY_SCALE
+    int status = (a->key_dtype == E4M3 || a->key_dtype == I8) && !key_scale ? LI_BAD_KEY_SCALE
                                                     : li_check_call(a, table, lq_len, lk_len, capacity, lq, lk);
     for (int64_t b = 0; b < a->batch && status == LI_OK; b++) {
         struct keys k = batch_keys(a, b, key, key_batch, key_scale, scale_batch, table);

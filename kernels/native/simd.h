@@ -55,7 +55,7 @@ typedef uint16_t vh __attribute__((vector_size(VL * sizeof(uint16_t))));
 #define LANES {0, 1, 2, 3}
 #endif
 
-static inline int64_t elem_bytes(int dtype) { return dtype == F32 ? 4 : dtype == E4M3 ? 1 : 2; }
+static inline int64_t elem_bytes(int dtype) { return dtype == F32 ? 4 : dtype == E4M3 || dtype == I8 ? 1 : 2; }
 
 static inline vf splat(float x) { return (vf){0} + x; }
 

@@ -19,6 +19,9 @@ qk_rope_head_dim values (`k_rope_scale`), where DeepSeek-V3.2 keeps it in bf16: 
 brings a token of its sizes to 728 bytes against bf16's 1408 (0.52x; a bf16 RoPE key leaves 788, 0.56x). Its
 error is e4m3's, as the latent's (relative 2^-4 a value at most), on a part of the logits only. Writes quantize;
 reads dequantize the whole paged tensor and then gather, so a fused op can be handed the stored codes instead.
+`index_dtype=torch.int8` stores the indexer key as per-token int8 instead, with one fp32 scale per token
+(`ascend_dsa.dynamic_block_quant` with dst_type=int8, in `index_k_scale`): the same bytes as MXFP8 (D + 4), the form
+Ascend's quantized lightning indexer reads on Atlas A2/A3 (quant.indexer="int8"); it goes with any kv_dtype.
 
 KDA layers keep the recurrent state `[B, H, K, V]` (fp32) and the short-convolution window
 `[B, 3*H*K, conv_kernel-1]`, both updated in place; with `slots` (kda_slots.py, set by a speculative decode loop)
@@ -59,10 +62,14 @@ class HybridCache:
     """Per-layer caches plus the shared block table and sequence lengths of a batch."""
 
     def __init__(self, config: HybridConfig, batch_size: int, kv_dtype: torch.dtype = torch.float32,
-                 seed: int = 0) -> None:
+                 seed: int = 0, index_dtype: torch.dtype | None = None) -> None:
+        if index_dtype not in (None, FP8, torch.int8, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"HybridCache: index_dtype {index_dtype} is not one the indexer reads; use None (as "
+                             f"kv_dtype), torch.int8 (per-token int8), torch.float8_e4m3fn (MXFP8) or a float dtype")
         self.config = config
         self.batch_size = batch_size
         self.kv_dtype = kv_dtype
+        self.index_dtype = kv_dtype if index_dtype is None else index_dtype
         self.block_size = config.block_size
         self.max_blocks = config.max_context // config.block_size
         self.capacity = self.max_blocks * self.block_size
@@ -88,18 +95,21 @@ class HybridCache:
         def paged(dim: int, dtype: torch.dtype) -> torch.Tensor:      # rows a decode step gathers at random
             return huge_pages.zeros(num_blocks, self.block_size, 1, dim, dtype=dtype)
 
-        if self.kv_dtype != FP8:
-            return DSALayerCache(*(paged(d, self.kv_dtype) for d in (cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                                                                      cfg.index_head_dim)))
-        if cfg.kv_lora_rank % KV_TILE or cfg.index_head_dim % MX_GROUP:
-            raise ValueError(f"HybridCache: an FP8 cache needs kv_lora_rank a multiple of {KV_TILE} and "
-                             f"index_head_dim a multiple of {MX_GROUP}; got {cfg.kv_lora_rank} and "
-                             f"{cfg.index_head_dim}. Use kv_dtype=torch.bfloat16 or float32 for this config")
-        return DSALayerCache(paged(cfg.kv_lora_rank, FP8), paged(cfg.qk_rope_head_dim, FP8),
-                             paged(cfg.index_head_dim, FP8),
-                             latent_scale=paged(cfg.kv_lora_rank // KV_TILE, torch.float32),
-                             index_k_scale=paged(cfg.index_head_dim // MX_GROUP, torch.uint8),
-                             k_rope_scale=paged(1, torch.float32))
+        if self.kv_dtype == FP8 and cfg.kv_lora_rank % KV_TILE:
+            raise ValueError(f"HybridCache: an FP8 cache needs kv_lora_rank a multiple of {KV_TILE}; got "
+                             f"{cfg.kv_lora_rank}. Use kv_dtype=torch.bfloat16 or float32 for this config")
+        if self.index_dtype == FP8 and cfg.index_head_dim % MX_GROUP:
+            raise ValueError(f"HybridCache: MXFP8 indexer keys need index_head_dim a multiple of {MX_GROUP}; got "
+                             f"{cfg.index_head_dim}. Use kv_dtype=torch.bfloat16 or float32, or index_dtype=torch.int8")
+        layer = DSALayerCache(*(paged(d, self.kv_dtype) for d in (cfg.kv_lora_rank, cfg.qk_rope_head_dim)),
+                              paged(cfg.index_head_dim, self.index_dtype))
+        if self.kv_dtype == FP8:
+            layer.latent_scale = paged(cfg.kv_lora_rank // KV_TILE, torch.float32)
+            layer.k_rope_scale = paged(1, torch.float32)
+        if self.index_dtype in (FP8, torch.int8):
+            layer.index_k_scale = paged(cfg.index_head_dim // MX_GROUP, torch.uint8) if self.index_dtype == FP8 \
+                else paged(1, torch.float32)
+        return layer
 
     def bytes_per_token(self) -> dict[str, int]:
         """Stored bytes per token and DSA layer: the latent KV (with its scales), RoPE key and indexer key."""
@@ -134,7 +144,7 @@ class HybridCache:
         `scale` (a quantized tensor's scales), quantize first and store the scales too."""
         blocks, offsets = self._slots(positions)
         if scale is not None:
-            values, scales = _quantize(values, scale)
+            values, scales = _quantize(values, scale, paged.dtype)
             scale.index_put_((blocks, offsets), scales)
         paged.index_put_((blocks, offsets), values.to(paged.dtype))
 
@@ -175,11 +185,12 @@ class HybridCache:
         self.lengths.fill_(length)
 
 
-def _quantize(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scales) of `values` in the format of the stored `scale`: fp32 -> FP8 with one scale per tile (128
-    values of the latent, the whole RoPE key), uint8 -> MXFP8."""
+def _quantize(values: torch.Tensor, scale: torch.Tensor, codes: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of `values` in the format of the stored `scale` and `codes`: fp32 scales -> FP8 or int8 with one
+    scale per tile (128 values of the latent, the whole RoPE key or int8 indexer key), uint8 -> MXFP8."""
     if scale.dtype == torch.float32:
-        return torch.ops.ascend_dsa.dynamic_block_quant(values.float(), block_size=_tile(values, scale))
+        return torch.ops.ascend_dsa.dynamic_block_quant(values.float(), block_size=_tile(values, scale),
+                                                        dst_type=codes)
     codes, exponents = torch.ops.ascend_dsa.dynamic_mx_quant(values.float(), block_size=MX_GROUP)
     return codes, exponents.view(torch.uint8)
 

@@ -89,11 +89,12 @@ class HybridLM(nn.Module):
         return checkpoint.load(path, cls)
 
     @torch.compiler.disable
-    def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
-        """An empty cache for `batch_size` sequences of up to `config.max_context` tokens. Never traced: a forward
-        without a cache breaks its graph once here, rather than Dynamo restarting on the cache's random block
-        table (a torch.Generator) several times."""
-        return HybridCache(self.config, batch_size, kv_dtype=kv_dtype)
+    def new_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32,
+                  index_dtype: torch.dtype | None = None) -> HybridCache:
+        """An empty cache for `batch_size` sequences of up to `config.max_context` tokens (`index_dtype`: the indexer
+        keys' storage, HybridCache's). Never traced: a forward without a cache breaks its graph once here, rather
+        than Dynamo restarting on the cache's random block table (a torch.Generator) several times."""
+        return HybridCache(self.config, batch_size, kv_dtype=kv_dtype, index_dtype=index_dtype)
 
     def new_mtp_cache(self, batch_size: int, kv_dtype: torch.dtype = torch.float32) -> HybridCache:
         """An empty cache for the MTP head's block (`draft`)."""

@@ -21,9 +21,10 @@ _HALF = "the pinned op takes float16/bfloat16"
 
 
 def _dequant(lo: Lowering, value: Any, scale: Any, op: str, block: int) -> Arg:
-    """Composite dequantization of an fp8 input to bfloat16 before a pinned op that takes only half inputs."""
+    """Composite dequantization of a quantized (fp8 or int8) input to bfloat16 before a pinned op that takes only
+    half inputs."""
     name = lo.names.fresh(f"{lo.node.name}_dq")
-    lo.line(f"# composite: fp8 input dequantized to bfloat16; {NO_COUNTERPART[op]}")
+    lo.line(f"# composite: quantized input dequantized to bfloat16; {NO_COUNTERPART[op]}")
     lo.line(f"{name} = torch.ops.ascend_dsa.{op}.default({lo.names.text(value)}, {lo.names.text(scale)}, "
             f"block_size={block}, dst_type=torch.bfloat16)")
     return Arg.tensor(name, torch.bfloat16)
@@ -36,13 +37,48 @@ def _lengths(lo: Lowering, a: dict[str, Any], *names: str) -> dict[str, Arg]:
 _NO_KEY_STARTS = "key_starts (a left-padded batch) has no torch_npu counterpart"
 
 
+def _int8_lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission | str:
+    """Per-token int8 query and paged key: npu_quant_lightning_indexer (mode 0), which returns the indices only."""
+    if a["layout_key"] != "PA_BSND" or a["key_scale"] is None or a["key"].meta["val"].dtype != torch.int8:
+        return "npu_quant_lightning_indexer takes an int8 paged key (PA_BSND) with its scales"
+    if a["return_value"] or 1 in used_outputs(lo.node):
+        return "npu_quant_lightning_indexer returns no sparse_values"
+    scales = []
+    for name in ("query_scale", "key_scale"):
+        lo.line(f"# adapt: {name} [..., 1] fp32 -> [...] fp16 (the pinned op's dequant scale)")
+        squeezed = lo.names.fresh(f"{lo.node.name}_{name}")
+        lo.line(f"{squeezed} = {lo.names.text(a[name])}.squeeze(-1).to(torch.float16)")
+        scales.append(Arg.tensor(squeezed, torch.float16))
+    args = [lo.tensor(a["query"]), lo.tensor(a["key"]), lo.tensor(a["weights"], torch.float16, "the pinned op takes "
+                                                                 "float16 weights"), *scales]
+    kwargs = {**_lengths(lo, a, "actual_seq_lengths_query", "actual_seq_lengths_key", "block_table"),
+              "query_quant_mode": 0, "key_quant_mode": 0, "layout_query": a["layout_query"],
+              "layout_key": a["layout_key"], "sparse_count": a["sparse_count"], "sparse_mode": a["sparse_mode"]}
+    raw = lo.call("torch_npu.npu_quant_lightning_indexer", args, kwargs)
+    return lo.assign(f"({raw}, None)")
+
+
+def _dequantized_operand(lo: Lowering, x: Any, scale: Any) -> Any:
+    """An indexer operand as npu_lightning_indexer takes it: MXFP8 or int8 codes dequantized to bfloat16 (composite),
+    a float one as it is."""
+    if scale is None:
+        return x
+    if x.meta["val"].dtype == torch.int8:
+        return _dequant(lo, x, scale, "dequant_block", x.meta["val"].shape[-1])
+    return _dequant(lo, x, scale, "dequant_mx", 32)
+
+
 def _lightning_indexer(lo: Lowering, a: dict[str, Any]) -> Emission | str:
     if a.get("key_starts") is not None:
         return _NO_KEY_STARTS
-    query, key, dtype = a["query"], a["key"], half_dtype(a["query"])
-    if a["query_scale"] is not None:
-        query, key, dtype = (_dequant(lo, query, a["query_scale"], "dequant_mx", 32),
-                             _dequant(lo, key, a["key_scale"], "dequant_mx", 32), torch.bfloat16)
+    if a["query_scale"] is not None and a["query"].meta["val"].dtype == torch.int8:
+        emitted = _int8_lightning_indexer(lo, a)
+        if not isinstance(emitted, str):
+            return emitted
+        lo.line(f"# {emitted}: the int8 operands are dequantized for npu_lightning_indexer")
+    query = _dequantized_operand(lo, a["query"], a["query_scale"])
+    key = _dequantized_operand(lo, a["key"], a["key_scale"])
+    dtype = torch.bfloat16 if a["query_scale"] is not None or a["key_scale"] is not None else half_dtype(a["query"])
     args = [lo.tensor(query, dtype, _HALF), lo.tensor(key, dtype, _HALF), lo.tensor(a["weights"], dtype, _HALF)]
     kwargs = {**_lengths(lo, a, "actual_seq_lengths_query", "actual_seq_lengths_key", "block_table"),
               "layout_query": a["layout_query"], "layout_key": a["layout_key"], "sparse_count": a["sparse_count"],
@@ -92,16 +128,23 @@ def _dynamic_mx_quant(lo: Lowering, a: dict[str, Any]) -> Emission | str:
     return lo.assign(f"({raw}[0], {raw}[1].flatten(-2)[..., :{groups}])")
 
 
+_BLOCK_QUANT_COLUMNS = (64, 128, 192, 256)     # npu_dynamic_block_quant's col_block_size choices
+
+
 def _dynamic_block_quant(lo: Lowering, a: dict[str, Any]) -> Emission | str:
     if a["scale_fmt"] != "fp32":
         return "ue8m0 (power-of-two) block scales have no npu_dynamic_block_quant option in torch_npu 7.3.0"
+    if a["block_size"] not in _BLOCK_QUANT_COLUMNS:
+        return f"npu_dynamic_block_quant takes column blocks of {_BLOCK_QUANT_COLUMNS}, not {a['block_size']}"
+    dst_type = lo.node.meta["val"][0].dtype
     x = lo.names.text(a["x"])
     flat = lo.names.fresh(f"{lo.node.name}_2d")
     lo.line(f"{flat} = {x}.reshape(-1, {x}.shape[-1])  # adapt: npu_dynamic_block_quant takes 2-D x")
-    lo.line("# note: blocks with amax < 1e-4 get scale amax/448 here, max(amax, 1e-4)/448 on the CPU target")
+    top = 127 if dst_type == torch.int8 else 448
+    lo.line(f"# note: blocks with amax < 1e-4 get scale amax/{top} here, max(amax, 1e-4)/{top} on the CPU target")
     source = Arg.tensor(flat, a["x"].meta["val"].dtype)
     raw = lo.call("torch_npu.npu_dynamic_block_quant", [lo.tensor(source, half_dtype(a["x"]), _HALF)],
-                  {"min_scale": 0.0, "round_mode": "rint", "dst_type": torch.float8_e4m3fn, "row_block_size": 1,
+                  {"min_scale": 0.0, "round_mode": "rint", "dst_type": dst_type, "row_block_size": 1,
                    "col_block_size": a["block_size"]})
     return lo.assign(f"({raw}[0].view({x}.shape), {raw}[1].view({x}.shape[:-1] + (-1,)))")
 

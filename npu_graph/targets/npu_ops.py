@@ -80,7 +80,10 @@ def _dtype(value: Any) -> torch.dtype | None:
 
 
 def used_outputs(node: torch.fx.Node) -> set[int]:
-    """Output positions of a multi-output node that some getitem reads."""
+    """Output positions of a multi-output node that are read: those some getitem reads, or every one when the tuple
+    itself is used (returned whole, or handed to another call)."""
+    if any(u.target is not operator.getitem for u in node.users):
+        return set(range(len(node.meta["val"])))
     return {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
 
 

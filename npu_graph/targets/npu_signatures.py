@@ -100,6 +100,22 @@ _ENTRIES = (
         _OP_PLUGIN + "torch_npu-npu_lightning_indexer.md",
         notes="N1 = 64, D = 128, N2 = 1 on Atlas A2/A3; return_value=True only in training and not with PA_BSND",
         same_dtype=("query", "key", "weights")),
+    Signature("torch_npu.npu_quant_lightning_indexer", (
+        _pos("query", "Tensor", dtypes=(torch.int8,)), _pos("key", "Tensor", dtypes=(torch.int8,)),
+        _pos("weights", "Tensor", dtypes=(torch.float16,)),
+        _pos("query_dequant_scale", "Tensor", dtypes=(torch.float16,)),
+        _pos("key_dequant_scale", "Tensor", dtypes=(torch.float16,)), *_LENGTHS,
+        _kw("actual_seq_lengths_key", "Tensor?", dtypes=(torch.int32,)),
+        _kw("block_table", "Tensor?", dtypes=(torch.int32,)),
+        _kw("query_quant_mode", "int", choices=(0,)), _kw("key_quant_mode", "int", choices=(0,)),
+        _kw("layout_query", "str", choices=("BSND", "TND")), _kw("layout_key", "str", choices=("PA_BSND",)),
+        _kw("sparse_count", "int", bounds=(1, 2048)), _kw("sparse_mode", "int", choices=(0, 3))),
+        "https://gitcode.com/Ascend/op-plugin/blob/master/test/test_custom_ops/test_npu_quant_lightning_indexer.py "
+        "(and op_plugin/ops/opapi/QuantLightningIndexerKernelNpuOpApi.cpp)",
+        version="op-plugin master, after 7.3.0",
+        notes="A2/A3: int8 query [B,S1,N1,D] and paged key [blocks,block,1,D] with per-token-head fp16 dequant "
+              "scales [B,S1,N1] and [blocks,block,1] (mode 0); N1 = 64, D = 128; returns sparse_indices only "
+              "(Ascend 950 takes float8_e4m3fn codes instead)"),
     Signature("torch_npu.npu_sparse_flash_attention", (
         _pos("query", "Tensor", dtypes=HALF), _pos("key", "Tensor", dtypes=HALF),
         _pos("value", "Tensor", dtypes=HALF), _pos("sparse_indices", "Tensor", dtypes=(torch.int32,)),

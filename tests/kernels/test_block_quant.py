@@ -1,5 +1,6 @@
 """ascend_dsa::dynamic_block_quant and ascend_dsa::dequant_block (DeepSeek act_quant): fast path against the
-reference, scale laws for both formats, half-ulp round trip, saturation, zero and NaN tiles, errors, compile."""
+reference, scale laws for both scale formats, half-ulp round trip, saturation, zero and NaN tiles, errors, compile;
+the int8 codes (dst_type=torch.int8) likewise."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -126,8 +127,35 @@ def test_round_trip_error_is_within_half_ulp(values, scale_fmt):
     assert ((back - x.double()).abs() <= s * tile_error_bound(v) + back.abs() * 2.0 ** -24).all()
 
 
+@pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize(("shape", "block_size"), [((2, 256), 128), ((3, 4, 64), 64), ((5, 48), 48), ((0, 32), 32)])
+def test_int8_codes_match_reference_and_round_trip_within_half_a_step(shape, block_size, scale_fmt):
+    x = spread(shape, torch.float32, -30, 30, seed=block_size)
+    y, scale = OPS.dynamic_block_quant(x, block_size=block_size, scale_fmt=scale_fmt, dst_type=torch.int8)
+    y_ref, scale_ref = reference_dynamic_block_quant(x, block_size=block_size, scale_fmt=scale_fmt,
+                                                     dst_type=torch.int8)
+    assert y.dtype == torch.int8 and torch.equal(y, y_ref) and torch.equal(scale, scale_ref)
+    assert bool((y.abs() <= 127).all())
+    back = OPS.dequant_block(y, scale, block_size=block_size)
+    assert torch.equal(back, reference_dequant_block(y, scale, block_size=block_size))
+    step = scale.repeat_interleave(block_size, dim=-1)
+    assert bool(((back - x).abs() <= step / 2 * (1 + 1e-6)).all())
+    if scale_fmt == "fp32" and x.numel():     # the tile's largest magnitude maps to 127
+        tile_max = y.abs().unflatten(-1, (-1, block_size)).amax(-1)
+        assert torch.equal(tile_max, torch.full(scale.shape, 127, dtype=torch.int8))
+
+
+def test_int8_nonfinite_tile_gets_nan_scale_and_zero_codes():
+    x = torch.randn(3, 128)
+    x[1, 5] = float("-inf")
+    y, scale = OPS.dynamic_block_quant(x, dst_type=torch.int8)
+    assert scale[1].isnan().all() and not scale[[0, 2]].isnan().any() and not y[1].any()
+    assert OPS.dequant_block(y, scale)[1].isnan().all()
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"block_size": 128}, "not divisible by `block_size`=128"),
+    ({"block_size": 64, "dst_type": torch.uint8}, "dst_type"),
     ({"scale_fmt": "e8m0"}, "scale_fmt"),
     ({"block_size": -1}, "block_size"),
 ])

@@ -45,11 +45,11 @@ def compile_prefill(watch_pass, options: dict, kv_dtype: torch.dtype = torch.flo
                       options={"strict": True, **options})
 
 
-def compile_decode(watch_pass, options: dict, kv_dtype: torch.dtype):
+def compile_decode(watch_pass, options: dict, kv_dtype: torch.dtype, index_dtype: torch.dtype | None = None):
     """One decode step compiled after an eager prefill (the cache is copied so both runs see the same one)."""
     model = reference_model()
     ids = torch.randint(0, 256, (1, 25), generator=torch.Generator().manual_seed(1))
-    cache = model.new_cache(1, kv_dtype=kv_dtype)
+    cache = model.new_cache(1, kv_dtype=kv_dtype, index_dtype=index_dtype)
     with torch.no_grad():
         model(ids[:, :24], cache)
     snapshot = copy.deepcopy(cache)
@@ -106,6 +106,35 @@ def test_stored_fp8_cache_is_read_directly(watch_pass) -> None:
     assert cosine(result.out, result.ref) > 0.999          # the eager model reads the same FP8 cache
 
 
+INT8_INDEXER = {"quant": "dsa", "quant.indexer": "int8"}
+
+
+def test_int8_indexer_policy_quantizes_query_and_key_per_token(watch_pass) -> None:
+    result = compile_prefill(watch_pass, INT8_INDEXER)
+    assert added(result, "dynamic_mx_quant") == 0
+    assert added(result, "dynamic_block_quant") == 4 + 2    # indexers' query and key, one latent per attention
+    tensors = result.report.to_json()["quantized"]["tensors"]
+    indexer = [t for t in tensors if t["op"] == "lightning_indexer"]
+    assert len(indexer) == 4 and all(t["format"] == "int8_per_token" and t["scale"] == "fp32" for t in indexer)
+    assert 0.9 < cosine(result.out, result.ref) < 1.0
+
+
+def test_stored_int8_indexer_cache_is_read_directly(watch_pass) -> None:
+    result = compile_decode(watch_pass, INT8_INDEXER, kv_dtype=FP8, index_dtype=torch.int8)
+    assert result.after["ascend_dsa.dequant_block.default"] == 0
+    assert added(result, "dynamic_block_quant") == 2        # only the queries; keys are stored int8
+    indexer = {(t["tensor"], t["where"], t["format"]) for t in result.report.to_json()["quantized"]["tensors"]
+               if t["op"] == "lightning_indexer"}
+    assert indexer == {("query", "per call", "int8_per_token"), ("key", "stored cache", "int8_per_token")}
+    assert cosine(result.out, result.ref) > 0.999           # the eager model reads the same int8 keys
+
+
+def test_mxfp8_policy_on_an_int8_indexer_cache_requantizes_the_keys(watch_pass) -> None:
+    result = compile_decode(watch_pass, {"quant": "dsa"}, kv_dtype=FP8, index_dtype=torch.int8)
+    assert added(result, "dynamic_mx_quant") == 4           # the stored int8 keys are not MXFP8: quantized per call
+    assert cosine(result.out, result.ref) > 0.99
+
+
 def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """DSA indexer top-k written out (head dim 16: not a whole MX group)."""
     scores = torch.einsum("bthd,bsd->bths", q, k).relu()
@@ -122,3 +151,14 @@ def test_head_dim_below_a_group_is_zero_padded(watch_pass) -> None:
     assert added(result, "dynamic_mx_quant") == 2
     overlap = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(result.out[0], result.ref[0]))
     assert overlap / result.ref[0].numel() >= 0.75
+
+
+def test_int8_indexer_needs_no_padding(watch_pass) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, w = torch.randn(1, 8, 4, 16, generator=gen), torch.randn(1, 12, 16, generator=gen), \
+        torch.rand(1, 8, 4, generator=gen)
+    result = watch_pass(quantize, indexer_scores, q, k, w, options={"quant.indexer": "int8"})
+    tensors = result.report.to_json()["quantized"]["tensors"]
+    assert [(t["group"], t.get("padded_from")) for t in tensors] == [(16, None), (16, None)]
+    overlap = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(result.out[0], result.ref[0]))
+    assert overlap / result.ref[0].numel() >= 0.9

@@ -100,6 +100,38 @@ def test_quant_ops_and_dtype_adaptation():
     assert program.composites == {}
 
 
+def int8_indexer(q, k, ks, w, table, lk):
+    """Per-token int8 query (quantized in the graph) against a paged int8 key cache with its row scales."""
+    qc, qs = A.dynamic_block_quant.default(q, block_size=128, dst_type=torch.int8)
+    return A.lightning_indexer.default(qc, k, w, None, lk, table, qs, ks, layout_key="PA_BSND", sparse_count=64)
+
+
+def int8_indexer_inputs():
+    return (torch.randn(1, 1, 64, 128), torch.zeros(4, 128, 1, 128, dtype=torch.int8), torch.ones(4, 128, 1, 1),
+            torch.randn(1, 1, 64), torch.arange(4, dtype=torch.int32).view(1, 4),
+            torch.tensor([300], dtype=torch.int32))
+
+
+def test_int8_indexer_maps_to_the_quantized_lightning_indexer():
+    def indices_only(q, k, ks, w, table, lk):
+        return int8_indexer(q, k, ks, w, table, lk)[0]
+
+    program = npu.build(traced(indices_only, *int8_indexer_inputs()), "i")
+    source = program.sources["eager"]
+    assert "dst_type=torch.int8" in source and "col_block_size=128" in source
+    assert "query_quant_mode=0" in source and ".squeeze(-1).to(torch.float16)" in source
+    assert {"torch_npu.npu_dynamic_block_quant", "torch_npu.npu_quant_lightning_indexer"} <= set(check_source(source))
+    assert "npu_lightning_indexer(" not in source and program.composites == {}
+
+
+def test_int8_indexer_whose_scores_are_read_dequantizes_for_the_float_indexer():
+    program = npu.build(traced(int8_indexer, *int8_indexer_inputs()), "i")
+    source = program.sources["eager"]
+    assert "# npu_quant_lightning_indexer returns no sparse_values" in source
+    assert source.count("torch.ops.ascend_dsa.dequant_block.default(") == 2 and "return_value=True" in source
+    assert "torch_npu.npu_lightning_indexer" in set(check_source(source))
+
+
 def test_cases_without_counterpart_stay_labelled_composites():
     def router(x):
         return A.moe_gating_top_k.default(x, 2, norm_type=0, renorm=1)[0], A.dynamic_block_quant.default(
