@@ -92,10 +92,10 @@ def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any
     # Two groups, each timed side by side: a balanced order of n candidates takes n (even) or 2n (odd) rounds.
     medians = time_side_by_side(rows, repeat=rounds, warmup=1)
     points = [point(sweep, "decode", row, context, medians[row], 1, caches) for row in sweep.steps]
-    overlap = context_rig.topk_overlap(sweep.layer, inputs[1], caches, context)
+    overlaps = context_rig.topk_overlaps(sweep.layer, inputs[1], caches, context)
     for p in points:
         if p["row"] in context_rig.FP8_ROWS:
-            p["topk_overlap"] = overlap
+            p.update(overlaps)
     if verify:
         medians = time_side_by_side(steps, repeat=rounds, warmup=1)
     for n in verify:

@@ -3,8 +3,8 @@
 A step's work is counted per operation (`Work`: bytes read from memory, floating-point operations), from the
 layer's sizes alone — never from a measurement:
 - `weights`: every weight matrix the step uses is read once; each multiplies every token (2 flops a weight a token).
-- `indexer`: the lightning indexer reads every visible key (bf16: 2 bytes a dim; FP8: 1 byte a dim and one E8M0
-  scale per 32) and scores it against its 64 heads x 128 dims (2 flops each).
+- `indexer`: the lightning indexer reads every visible key (bf16: 2 bytes a dim; the FP8 policy's int8 keys: 1 byte
+  a dim and one fp32 scale a key) and scores it against its 64 heads x 128 dims (2 flops each).
 - `attention`: DSA reads at most `index_topk` latent + RoPE rows per query (FP8: each with its fp32 scales); dense
   MLA reads every visible row. Each row read costs 2 flops per head and dim for the logits (latent + RoPE) and 2
   per head and latent dim for the probability-weighted sum.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from npu_graph.models.config import HybridConfig
 
-MX_GROUP = 32
 KV_TILE = 128
 
 
@@ -59,7 +58,7 @@ def cache_row_bytes(config: HybridConfig, fp8: bool) -> dict[str, int]:
     if fp8:
         return {"latent": config.kv_lora_rank + 4 * (config.kv_lora_rank // KV_TILE),
                 "k_rope": config.qk_rope_head_dim + 4,
-                "index_k": config.index_head_dim + config.index_head_dim // MX_GROUP}
+                "index_k": config.index_head_dim + 4}       # per-token int8 with its fp32 scale
     return {"latent": 2 * config.kv_lora_rank, "k_rope": 2 * config.qk_rope_head_dim,
             "index_k": 2 * config.index_head_dim}
 

@@ -7,7 +7,8 @@ before it wrote). Rounds alternate the rows' order; `ms` is the median over roun
 peak resident memory during the row's prefill above its resident memory before it (tools/process_memory.py:
 VmHWM, reset before each prefill; None where the kernel refuses the reset). `floor_ms` is the sum of the chunks'
 floors (tools/context_costs.py: `prefill_work`). An FP8 row's point carries its `topk_overlap`: the share of the bf16
-indexer's top-k that the FP8 indexer picks for the next token over the prompt the two prefills cached.
+indexer's top-k that the FP8 row's quantized indexer picks for the next token over the prompt the two prefills cached
+(and `topk_overlap_mxfp8`, that of MXFP8 keys: tools/context_rig.topk_overlaps).
 """
 from __future__ import annotations
 
@@ -64,10 +65,10 @@ def prefill_points(sweep: Any, tokens: int, chunk: int, rounds: int) -> list[dic
     bf16_indexed = any(context_rig.is_sparse(row) and row not in context_rig.FP8_ROWS for row in samples)
     if bf16_indexed and any(row in context_rig.FP8_ROWS for row in samples):      # both caches hold indexer keys
         after = torch.randn(1, 1, config.hidden_size, generator=generator).bfloat16()
-        overlap = context_rig.topk_overlap(sweep.layer, after, caches, tokens)
+        overlaps = context_rig.topk_overlaps(sweep.layer, after, caches, tokens)
         for p in points:
             if p["row"] in context_rig.FP8_ROWS:
-                p["topk_overlap"] = overlap
+                p.update(overlaps)
     return points
 
 

@@ -19,7 +19,8 @@ PARAMS, INDEX_PARAMS = 10_000_000, 1_000_000
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_cache_row_bytes_are_what_the_cache_stores(fp8):
-    cache = HybridCache(REAL, 1, kv_dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    cache = HybridCache(REAL, 1, kv_dtype=torch.float8_e4m3fn, index_dtype=torch.int8) if fp8 else \
+        HybridCache(REAL, 1, kv_dtype=torch.bfloat16)      # the caches of the bf16 and FP8 rows
     assert context_costs.cache_row_bytes(REAL, fp8) == cache.bytes_per_token()
 
 
@@ -74,14 +75,16 @@ def test_layer_forms_share_weights_and_dense_mla_matches_dsa_when_topk_covers_th
     assert weights_bytes(layer) == 4 * sum(p.numel() for p in layer.parameters())
 
 
-def test_fp8_indexer_picks_mostly_what_the_bf16_one_picks():
+def test_quantized_indexers_pick_mostly_what_the_bf16_one_picks():
     config = real_size_config(512, **bench_context.TOY_SIZES)
     torch.manual_seed(0)
     layer = ContextLayer(config).eval().bfloat16()
     caches = context_rig.new_caches(config, 512, 400)
+    assert caches[True].layers[0].index_k.dtype == torch.int8
     x = torch.randn(1, 1, config.hidden_size).bfloat16()
-    overlap = context_rig.topk_overlap(layer, x, caches, 400)
-    assert 0.8 <= overlap <= 1.0
+    overlaps = context_rig.topk_overlaps(layer, x, caches, 400)
+    assert set(overlaps) == {"topk_overlap", "topk_overlap_mxfp8"}
+    assert all(0.8 <= v <= 1.0 for v in overlaps.values())
 
 
 def test_the_bf16_layer_is_made_in_bf16():
