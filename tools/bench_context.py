@@ -32,6 +32,8 @@ CONTEXTS = {False: (4096, 8192, 16384, 32768, 65536, 131072), True: (4096, 32768
 VERIFY_TOKENS = (2, 3, 4)
 DECODE_ROUNDS = {False: 6, True: 3}
 PREFILL_ROUNDS = {False: 2, True: 1}
+PREFILL_BUDGET_S = {False: 1800.0, True: 120.0}   # a baseline row's projected prefill past this is not run
+SLOW_STEP_S = 10.0    # a row's step this long is timed once (tools.timing: slow_s)
 # Small sizes for tests (`--toy`, hidden): every code path of the real sweep, in a few minutes with every row compiled.
 TOY_SIZES = {"hidden_size": 256, "num_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 128, "qk_nope_head_dim": 32,
              "qk_rope_head_dim": 16, "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32,
@@ -90,7 +92,7 @@ def decode_points(sweep: Sweep, context: int, rounds: int) -> list[dict[str, Any
         run()
     glue_upgrade.wait_all()
     # Two groups, each timed side by side: a balanced order of n candidates takes n (even) or 2n (odd) rounds.
-    medians = time_side_by_side(rows, repeat=rounds, warmup=1)
+    medians = time_side_by_side(rows, repeat=rounds, warmup=1, slow_s=SLOW_STEP_S)
     points = [point(sweep, "decode", row, context, medians[row], 1, caches) for row in sweep.steps]
     overlaps = context_rig.topk_overlaps(sweep.layer, inputs[1], caches, context)
     for p in points:
@@ -124,7 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 points += decode_points(sweep, context, rounds)
         for tokens in prefills:
             with bar.point(f"prefill of {tokens} in chunks of {chunk}"):
-                points += context_prefill.prefill_points(sweep, tokens, chunk, PREFILL_ROUNDS[bool(args.quick)])
+                points += context_prefill.prefill_points(sweep, tokens, chunk, PREFILL_ROUNDS[bool(args.quick)],
+                                                         PREFILL_BUDGET_S[bool(args.quick)])
         with bar.point("KDA prefill, one process and two ranks"):
             kda, skipped = context_kda.kda_points(sweep.rates, bool(args.quick), toy)
     points += kda
@@ -165,13 +168,17 @@ def notes(result: dict[str, Any]) -> list[str]:
     rates = result["rates"]
     return [f"roofline: read {rates['read_bytes_per_s'] / 1e9:.1f} GB/s, GEMM "
             f"{max(v for k, v in rates.items() if k.startswith('gemm')) / 1e9:.0f} GFLOP/s (measured in this run)",
-            "ms: median of rounds alternating every row of a context (tools.timing); verify<N>: ms of the N-token "
-            "step, vs_one_token: against ascend_dsa's one-token step timed in the same rounds",
+            "ms: median of rounds alternating every row of a context (tools.timing; a row whose step takes over "
+            f"{SLOW_STEP_S:.0f} s is timed once); verify<N>: ms of the N-token step, vs_one_token: against "
+            "ascend_dsa's one-token step timed in the same rounds",
             "peak_rss_bytes: the peak resident set above the runtime's own of a process decoding with the ascend_dsa "
             "rows at the largest context (tools/context_memory.py); sweep_peak_rss_bytes: this process's peak over the "
             "whole sweep (every row's compiled graphs and working buffers)",
             "prefill: chunks of 1K tokens into an empty cache, ms the median over rounds alternating the rows; "
-            "peak_bytes: resident memory high-water mark (VmHWM) during the prefill above the memory before it",
+            "peak_bytes: resident memory high-water mark (VmHWM) during the prefill above the memory before it; "
+            "an eager or Inductor row whose prefill flops at the bf16 GEMM rate measured here would take past "
+            f"{PREFILL_BUDGET_S[True]:.0f} s (--quick; {PREFILL_BUDGET_S[False]:.0f} s otherwise) is not run: its "
+            "point has ms null and says why under `skipped`",
             "kda / kda_cp2: the KDA core (32 heads x 128) in fresh processes, 2K tokens per chunk_kda call; "
             "peak_bytes per process: VmHWM above its memory before its inputs were made; kda_cp2 runs two passes "
             "(the slice's transition, then its outputs from the folded state), one thread per rank; model_ms: time "
@@ -202,7 +209,8 @@ def _decode_rows(points: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def _prefill_rows(points: list[dict[str, Any]]) -> list[list[str]]:
-    return [[p["row"], str(p["context"]), f"{p['ms']:.0f}", f"{p['floor_ms']:.0f}", f"{p['ratio_to_floor']:.2f}",
+    return [[p["row"], str(p["context"]), "not run" if p["ms"] is None else f"{p['ms']:.0f}", f"{p['floor_ms']:.0f}",
+             "" if p["ratio_to_floor"] is None else f"{p['ratio_to_floor']:.2f}",
              f"{p['op_floor_sum_ms']:.0f}", _mib(p["cache_bytes"]), _mib(p["peak_bytes"])] for p in points]
 
 

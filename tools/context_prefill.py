@@ -43,17 +43,37 @@ def _measured(run: Any) -> tuple[float, int | None]:
     return seconds, process_memory.peak_bytes() - before if reset else None
 
 
+def _beyond_budget(sweep: Any, row: str, tokens: int, chunk: int, budget_s: float) -> str | None:
+    """Why a baseline row's (eager, Inductor) prefill is not run, or None: its flops at torch's bf16 product rate
+    measured in this run (where the CPU has no native bf16 products, under a GFLOP/s) would take past `budget_s`.
+    ascend_dsa's rows always run."""
+    rate = sweep.rate_figures.get("gemm_bfloat16_flops_per_s")
+    if row.startswith("ascend_dsa") or not rate:
+        return None
+    works = context_costs.prefill_work(sweep.config, sweep.weight_params, sweep.index_params, tokens, chunk,
+                                       context_rig.is_sparse(row), row in context_rig.FP8_ROWS)
+    projected = sum(w.flops for work in works for w in work.values()) / rate
+    if projected <= budget_s:
+        return None
+    return (f"not run: its {tokens}-token prefill would take about {projected / 60:.0f} min at torch's bf16 product "
+            f"rate measured here ({rate / 1e9:.1f} GFLOP/s), past the {budget_s:.0f} s this sweep gives a row")
+
+
 @torch.no_grad()
-def prefill_points(sweep: Any, tokens: int, chunk: int, rounds: int) -> list[dict[str, Any]]:
-    """Every row's chunked prefill of `tokens` tokens, rounds alternating the rows' order."""
+def prefill_points(sweep: Any, tokens: int, chunk: int, rounds: int, budget_s: float = float("inf")
+                   ) -> list[dict[str, Any]]:
+    """Every row's chunked prefill of `tokens` tokens, rounds alternating the rows' order; a baseline row whose
+    prefill would take past `budget_s` (`_beyond_budget`) gets a point without `ms`, saying why."""
     config = sweep.config
     caches = context_rig.new_caches(config, tokens, 0)
     generator = torch.Generator().manual_seed(tokens)
     chunks = [torch.randn(1, min(chunk, tokens - s), config.hidden_size, generator=generator).bfloat16()
               for s in range(0, tokens, chunk)]
+    skipped = {row: why for row in sweep.steps if (why := _beyond_budget(sweep, row, tokens, chunk, budget_s))}
+    steps = {row: step for row, step in sweep.steps.items() if row not in skipped}
     runs = {row: (lambda step=step, cache=caches[row in context_rig.FP8_ROWS]: _prefill(step, cache, chunks))
-            for row, step in sweep.steps.items()}
-    for row, step in sweep.steps.items():          # compiles the chunk's shape (one chunk, untimed)
+            for row, step in steps.items()}
+    for row, step in steps.items():          # compiles the chunk's shape (one chunk, untimed)
         _prefill(step, caches[row in context_rig.FP8_ROWS], chunks[:1])
     glue_upgrade.wait_all()
     samples: dict[str, list[tuple[float, int | None]]] = {row: [] for row in runs}
@@ -62,7 +82,11 @@ def prefill_points(sweep: Any, tokens: int, chunk: int, rounds: int) -> list[dic
         for row in names if round_ % 2 == 0 else names[::-1]:
             samples[row].append(_measured(runs[row]))
     points = [_point(sweep, row, tokens, chunk, got, caches) for row, got in samples.items()]
+    for row, why in skipped.items():
+        points.append({**_point(sweep, row, tokens, chunk, [(float("nan"), None)], caches),
+                       "ms": None, "ratio_to_floor": None, "skipped": why})
     bf16_indexed = any(context_rig.is_sparse(row) and row not in context_rig.FP8_ROWS for row in samples)
+    bf16_indexed = bf16_indexed or "ascend_dsa" in samples
     if bf16_indexed and any(row in context_rig.FP8_ROWS for row in samples):      # both caches hold indexer keys
         after = torch.randn(1, 1, config.hidden_size, generator=generator).bfloat16()
         overlaps = context_rig.topk_overlaps(sweep.layer, after, caches, tokens)

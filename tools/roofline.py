@@ -3,6 +3,7 @@ GEMM (flops/s), both on every thread torch uses, best of a few tries (the ceilin
 average: a floor must be one the machine can be seen to reach)."""
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,8 @@ from npu_graph.tools.context_costs import Rates
 
 READ_BYTES = 512 << 20       # far past any last-level cache
 GEMM_SIZE = 2048
+GEMM_START = 256
+GEMM_BUDGET_S = 1.0      # the longest one product of the GEMM probe may take
 
 
 def _best_seconds(fn: Callable[[], object], tries: int) -> float:
@@ -30,12 +33,21 @@ def read_bandwidth(num_bytes: int = READ_BYTES, tries: int = 5) -> float:
     return num_bytes / _best_seconds(data.sum, tries)
 
 
-def gemm_rate(dtype: torch.dtype, size: int = GEMM_SIZE, tries: int = 3) -> float:
-    """Flops/s of a `size`-cubed matrix product in `dtype`."""
+def gemm_rate(dtype: torch.dtype, size: int = GEMM_SIZE, tries: int = 3, budget_s: float = GEMM_BUDGET_S) -> float:
+    """Flops/s of a `size`-cubed matrix product in `dtype`: measured on the largest power-of-two size up to `size`
+    whose single product takes under `budget_s` (a CPU without native bf16 products runs torch's at under a
+    GFLOP/s, where one 2048-cubed product takes half a minute; the rate a smaller one shows is the same)."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator).to(dtype)
-    b = torch.randn(size, size, generator=generator).to(dtype)
-    return 2.0 * size ** 3 / _best_seconds(lambda: a @ b, tries)
+    n = min(GEMM_START, size)
+    while True:
+        a = torch.randn(n, n, generator=generator).to(dtype)
+        b = torch.randn(n, n, generator=generator).to(dtype)
+        start = time.perf_counter()
+        a @ b
+        took = time.perf_counter() - start
+        if n >= size or took * 8 > budget_s:
+            return 2.0 * n ** 3 / _best_seconds(functools.partial(torch.matmul, a, b), tries)
+        n *= 2
 
 
 def measure(dtype: torch.dtype = torch.bfloat16, small: bool = False) -> tuple[Rates, dict[str, float]]:

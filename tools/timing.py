@@ -17,19 +17,26 @@ def balanced_orders(n: int) -> list[list[int]]:
 
 
 def time_side_by_side(candidates: dict[str, Callable[[], object]], repeat: int = 15,
-                      warmup: int = 3) -> dict[str, float]:
+                      warmup: int = 3, slow_s: float | None = None) -> dict[str, float]:
     """Median wall time in seconds of each candidate, candidates interleaved round by round in the orders of
     `balanced_orders`, so that each one follows every other equally often (`repeat` is rounded up to whole
-    cycles of those orders)."""
+    cycles of those orders). With `slow_s`, a candidate whose last warmup call took at least `slow_s` seconds is
+    not run again: that call is its one sample (a call that long is timed well enough once, and repeating it
+    would make the whole comparison take many times as long); the others alternate as usual."""
+    last: dict[str, float] = {}
     for _ in range(warmup):
-        for fn in candidates.values():
+        for name, fn in candidates.items():
+            start = time.perf_counter()
             fn()
-    names = list(candidates)
-    orders = balanced_orders(len(names))
+            last[name] = time.perf_counter() - start
+    slow = {name: t for name, t in last.items() if slow_s is not None and t >= slow_s}
+    names = [name for name in candidates if name not in slow]
+    orders = balanced_orders(len(names)) if names else []
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(-(-repeat // len(orders)) * len(orders)):
+    for round_ in range(-(-repeat // len(orders)) * len(orders) if orders else 0):
         for index in orders[round_ % len(orders)]:
             start = time.perf_counter()
             candidates[names[index]]()
             samples[names[index]].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    medians = {name: statistics.median(ts) for name, ts in samples.items()}
+    return {name: medians[name] if name in medians else slow[name] for name in candidates}

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,3 +175,13 @@ def test_an_fp8_prefill_point_carries_the_next_tokens_topk_overlap():
     assert by_row["dsa_eager"]["topk_overlap"] is None
     assert 0.5 <= by_row["ascend_dsa_fp8"]["topk_overlap"] <= 1.0
 
+
+
+def test_a_baseline_prefill_projected_past_the_budget_is_not_run_and_says_why():
+    sweep = SimpleNamespace(config=REAL, weight_params=PARAMS, index_params=INDEX_PARAMS,
+                            rate_figures={"gemm_bfloat16_flops_per_s": 1e9})
+    why = context_prefill._beyond_budget(sweep, "dense_eager", 4096, 1024, budget_s=120.0)
+    assert why.startswith("not run:") and "1.0 GFLOP/s" in why
+    assert context_prefill._beyond_budget(sweep, "ascend_dsa", 4096, 1024, budget_s=120.0) is None
+    fast = SimpleNamespace(**{**vars(sweep), "rate_figures": {"gemm_bfloat16_flops_per_s": 1e15}})
+    assert context_prefill._beyond_budget(fast, "dsa_inductor", 4096, 1024, budget_s=120.0) is None

@@ -1,6 +1,7 @@
 """tools/timing: every round runs every candidate once, and over a full cycle of rounds each candidate directly
 follows every other candidate equally often (the balance the side-by-side medians rely on)."""
 import itertools
+import time
 from collections import Counter
 
 import pytest
@@ -26,3 +27,16 @@ def test_each_candidate_runs_once_per_round_in_whole_cycles():
     assert set(medians) == set("abcd") and all(m >= 0 for m in medians.values())
     assert Counter(calls) == dict.fromkeys("abcd", 9)
     assert [calls[4 + 4 * r: 8 + 4 * r] for r in range(2)] == [list("abdc"), list("bcad")]
+
+
+def test_a_candidate_slower_than_slow_s_is_timed_by_its_warmup_call_alone():
+    calls = []
+
+    def slow():
+        calls.append("slow")
+        time.sleep(0.05)
+
+    candidates = {"slow": slow, **{name: (lambda name=name: calls.append(name)) for name in "ab"}}
+    medians = time_side_by_side(candidates, repeat=2, warmup=1, slow_s=0.04)
+    assert Counter(calls) == {"slow": 1, "a": 3, "b": 3}
+    assert medians["slow"] >= 0.05 and set(medians) == {"slow", "a", "b"}
