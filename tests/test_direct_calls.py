@@ -143,3 +143,17 @@ def test_data_checks_still_run_in_compiled_graphs():
     compiled(*args)
     with pytest.raises(ValueError, match="topk_ids"):
         compiled(*args[:4], torch.tensor([[0], [9]], dtype=torch.int32))
+
+
+def test_a_direct_fused_call_takes_dtypes_as_the_scalar_type_codes_inductor_writes():
+    """Inductor's generated module passes `dst_type=24`; the dispatcher turns such codes into dtypes, and so must
+    the direct binding that bypasses it."""
+    quant = DIRECT.fused("dynamic_block_quant")
+    x = torch.randn(3, 64)
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        want = torch.ops.ascend_dsa.dynamic_block_quant.default(x, block_size=64, dst_type=dtype)
+        got = quant(x, block_size=64, dst_type=_SCALAR_TYPE_CODES[dtype])
+        assert got[0].dtype == dtype and torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+
+
+_SCALAR_TYPE_CODES = {torch.int8: 1, torch.float8_e4m3fn: 24}     # c10::ScalarType's values (fixed by its ABI)

@@ -17,6 +17,7 @@ npu_graph.runtime.functionalized.call, which calls the op itself where nothing i
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +34,33 @@ NATIVE_MODULES = {"skinny_mm": skinny_mm, "skinny_bmm": skinny_bmm, "depthwise_c
 
 
 def implementation(op_name: str) -> Callable[..., Any] | None:
-    """The Python implementation registered for `ascend_dsa::<op_name>`, if it is a custom_op."""
+    """The Python implementation registered for `ascend_dsa::<op_name>`, if it is a custom_op. An op with dtype
+    arguments gets them as torch.dtype even where the source passes ScalarType codes (Inductor's generated module
+    writes `dst_type=24`; the dispatcher converts such codes, a direct call has to)."""
     opdef = custom_ops.OPDEFS.get(f"ascend_dsa::{op_name}")
-    return None if opdef is None else opdef._init_fn
+    if opdef is None:
+        return None
+    schema = getattr(torch.ops.ascend_dsa, op_name).default._schema
+    dtypes = {(i, a.name) for i, a in enumerate(schema.arguments) if str(a.real_type).startswith("ScalarType")}
+    return opdef._init_fn if not dtypes else _with_dtypes(opdef._init_fn, dtypes)
+
+
+@functools.cache
+def dtype_of_code(code: int) -> torch.dtype:
+    """The torch.dtype of a ScalarType code, as the dispatcher converts it."""
+    return torch.ops.aten.empty.memory_format([0], dtype=code).dtype
+
+
+def _with_dtypes(fn: Callable[..., Any], dtypes: set[tuple[int, str]]) -> Callable[..., Any]:
+    """fn with the arguments at `dtypes` (position, name) given as ScalarType codes turned into torch.dtype."""
+    positions, names = {i for i, _ in dtypes}, {n for _, n in dtypes}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(dtype_of_code(a) if i in positions and type(a) is int else a for i, a in enumerate(args))
+        kwargs = {k: dtype_of_code(v) if k in names and type(v) is int else v for k, v in kwargs.items()}
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def profiler_labels(namespace: dict[str, Any]) -> dict[str, str]:
